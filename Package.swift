@@ -1,0 +1,79 @@
+// swift-tools-version:6.1
+import PackageDescription
+
+let package = Package(
+    name: "Hop",
+    platforms: [.macOS(.v15)],
+    products: [
+        .library(name: "HopStore", targets: ["HopStore"]),
+        .library(name: "HopEngine", targets: ["HopEngine"]),
+        .executable(name: "hopctl", targets: ["hopctl"]),
+    ],
+    dependencies: [
+        .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
+        .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
+        .package(url: "https://github.com/swift-server/swift-service-lifecycle", from: "2.13.0"),
+    ],
+    targets: [
+        .systemLibrary(
+            name: "CSQLite",
+            pkgConfig: "sqlite3",
+            providers: [.apt(["libsqlite3-dev"])]
+        ),
+        .executableTarget(
+            name: "hop-embed-migrations",
+            path: "Sources/hop-embed-migrations"
+        ),
+        .plugin(
+            name: "EmbedMigrations",
+            capability: .buildTool(),
+            dependencies: ["hop-embed-migrations"]
+        ),
+        .target(
+            name: "HopStore",
+            dependencies: [
+                "CSQLite",
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            plugins: ["EmbedMigrations"]
+        ),
+        .target(
+            name: "HopEngine",
+            dependencies: [
+                "HopStore",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ]
+        ),
+        .executableTarget(
+            name: "hopctl",
+            dependencies: [
+                "HopStore",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            ]
+        ),
+        .executableTarget(
+            name: "hop-test-daemon",
+            dependencies: ["HopEngine"],
+            path: "Tests/HopTestDaemon"
+        ),
+        .executableTarget(
+            name: "hop-test-store",
+            dependencies: ["HopStore"],
+            path: "Tests/HopTestStore"
+        ),
+        .testTarget(
+            name: "HopStoreTests",
+            dependencies: ["HopStore", "hop-test-store"]
+        ),
+        .testTarget(
+            name: "HopEngineTests",
+            dependencies: ["HopEngine", "hop-test-daemon"]
+        ),
+        .testTarget(
+            name: "hopctlTests",
+            dependencies: ["HopEngine", "hopctl", "hop-test-daemon"]
+        ),
+    ],
+    swiftLanguageModes: [.v6]
+)

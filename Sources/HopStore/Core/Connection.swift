@@ -1,0 +1,251 @@
+import Foundation
+internal import CSQLite
+
+/// One SQLite connection: opened with Hop's pragmas, its statements cached.
+///
+/// Not `Sendable`: a connection belongs to the ``HopStore`` actor that owns it and is
+/// only used on that actor's thread.
+final class Connection {
+    let path: String
+    private let handle: OpaquePointer
+    private var cache: [String: Statement] = [:]
+    private(set) var isInTransaction = false
+
+    /// Opens the database at `path`, creating it (mode 0600, folder included) when `create` is set.
+    init(path: String, create: Bool, durability: HopStore.Durability, busyTimeout: Duration) throws {
+        self.path = path
+        if create {
+            try Self.createFileIfMissing(path)
+        } else {
+            try Self.requireExistingFile(path)
+        }
+        var opened: OpaquePointer?
+        let flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_EXRESCODE
+        let code = sqlite3_open_v2(path, &opened, flags, nil)
+        guard code == SQLITE_OK, let opened else {
+            let message = opened.map { String(cString: sqlite3_errmsg($0)) } ?? "out of memory"
+            sqlite3_close_v2(opened)
+            throw Self.error(code: code, message: message, operation: "open", path: path)
+        }
+        handle = opened
+        sqlite3_extended_result_codes(handle, 1)
+        let milliseconds = busyTimeout.components.seconds * 1000 + busyTimeout.components.attoseconds / 1_000_000_000_000_000
+        sqlite3_busy_timeout(handle, Int32(clamping: milliseconds))
+        do {
+            // Reading the schema first turns "not a database" into a clear error before any pragma writes.
+            try execute("SELECT count(*) FROM sqlite_schema", operation: "open")
+            try setWAL(timeout: busyTimeout)
+            try execute("PRAGMA synchronous = \(durability == .full ? "FULL" : "NORMAL")", operation: "open")
+            try execute("PRAGMA foreign_keys = ON", operation: "open")
+        } catch {
+            cache.removeAll()
+            sqlite3_close_v2(handle)
+            throw error
+        }
+    }
+
+    deinit {
+        cache.removeAll()
+        sqlite3_close_v2(handle)
+    }
+
+    /// Switches to WAL; a fresh file opened by two processes at once may report busy here even with a busy timeout.
+    private func setWAL(timeout: Duration) throws {
+        let deadline = ContinuousClock.now.advanced(by: timeout)
+        while true {
+            do {
+                let mode = try query("PRAGMA journal_mode = WAL", [], operation: "open") { $0.text(0) }.first
+                guard mode?.lowercased() == "wal" else {
+                    throw HopStoreError(
+                        .ioFailure, operation: "open", path: path,
+                        reason: "the database could not be switched to WAL journaling (it reports \(mode ?? "nothing"))",
+                        hint: "Put the database on a local file system that supports shared memory")
+                }
+                return
+            } catch let error as HopStoreError where error.kind == .busy && ContinuousClock.now < deadline {
+                usleep(2_000)
+            }
+        }
+    }
+
+    // MARK: Statements
+
+    /// Runs static SQL, possibly several statements, binding nothing. For schema and pragmas only.
+    func execute(_ sql: String, operation: String) throws {
+        var message: UnsafeMutablePointer<CChar>?
+        let code = sqlite3_exec(handle, sql, nil, nil, &message)
+        if code != SQLITE_OK {
+            let text = message.map { String(cString: $0) } ?? String(cString: sqlite3_errmsg(handle))
+            sqlite3_free(message)
+            throw Self.error(code: code, message: text, operation: operation, path: path)
+        }
+    }
+
+    private func prepared(_ sql: String, operation: String) throws -> Statement {
+        if let statement = cache[sql] { return statement }
+        var raw: OpaquePointer?
+        let code = sqlite3_prepare_v3(handle, sql, -1, UInt32(SQLITE_PREPARE_PERSISTENT), &raw, nil)
+        guard code == SQLITE_OK, let raw else {
+            throw failure(code, operation: operation)
+        }
+        let statement = Statement(handle: raw, sql: sql)
+        cache[sql] = statement
+        return statement
+    }
+
+    /// Runs one statement that returns no rows; returns the number of rows it changed.
+    @discardableResult
+    func run(_ sql: String, _ arguments: [SQLValue], operation: String) throws -> Int {
+        let statement = try prepared(sql, operation: operation)
+        defer { sqlite3_reset(statement.handle) }
+        let bound = statement.bind(arguments)
+        guard bound == SQLITE_OK else { throw failure(bound, operation: operation) }
+        var code = sqlite3_step(statement.handle)
+        while code == SQLITE_ROW { code = sqlite3_step(statement.handle) }
+        guard code == SQLITE_DONE else { throw failure(code, operation: operation) }
+        return Int(sqlite3_changes(handle))
+    }
+
+    /// Runs one statement and maps each row it returns.
+    func query<T>(_ sql: String, _ arguments: [SQLValue], operation: String, _ map: (Row) throws -> T) throws -> [T] {
+        let statement = try prepared(sql, operation: operation)
+        defer { sqlite3_reset(statement.handle) }
+        let bound = statement.bind(arguments)
+        guard bound == SQLITE_OK else { throw failure(bound, operation: operation) }
+        var rows: [T] = []
+        while true {
+            let code = sqlite3_step(statement.handle)
+            if code == SQLITE_DONE { return rows }
+            guard code == SQLITE_ROW else { throw failure(code, operation: operation) }
+            rows.append(try map(Row(handle: statement.handle)))
+        }
+    }
+
+    /// The first row of a query, if any.
+    func queryOne<T>(_ sql: String, _ arguments: [SQLValue], operation: String, _ map: (Row) throws -> T) throws -> T? {
+        try query(sql, arguments, operation: operation, map).first
+    }
+
+    var lastInsertedRowID: Int64 { sqlite3_last_insert_rowid(handle) }
+
+    // MARK: Transactions
+
+    /// Runs `body` in one write transaction, begun IMMEDIATE so that the write lock is taken
+    /// (or the busy timeout spent) before anything is read. Commits when `body` returns,
+    /// rolls back when it throws: a failed call changes nothing.
+    @discardableResult
+    func write<T>(_ operation: String, _ body: () throws -> T) throws -> T {
+        try execute("BEGIN IMMEDIATE", operation: operation)
+        isInTransaction = true
+        defer { isInTransaction = false }
+        let result: T
+        do {
+            result = try body()
+            try execute("COMMIT", operation: operation)
+        } catch {
+            if sqlite3_get_autocommit(handle) == 0 {
+                sqlite3_exec(handle, "ROLLBACK", nil, nil, nil)
+            }
+            throw error
+        }
+        return result
+    }
+
+    /// Runs `body` in one read transaction: a consistent snapshot that never blocks writers.
+    func read<T>(_ operation: String, _ body: () throws -> T) throws -> T {
+        try execute("BEGIN DEFERRED", operation: operation)
+        defer { sqlite3_exec(handle, "COMMIT", nil, nil, nil) }
+        return try body()
+    }
+
+    // MARK: Errors
+
+    private func failure(_ code: Int32, operation: String) -> HopStoreError {
+        Self.error(code: code, message: String(cString: sqlite3_errmsg(handle)), operation: operation, path: path)
+    }
+
+    static func error(code: Int32, message: String, operation: String, path: String) -> HopStoreError {
+        let primary = code & 0xff
+        let kind: HopStoreError.Kind
+        let reason: String
+        let hint: String?
+        switch primary {
+        case SQLITE_BUSY, SQLITE_LOCKED:
+            kind = .busy
+            reason = "the database is busy: another process holds its write lock"
+            hint = "Try again; if it persists, check which process keeps a write transaction open"
+        case SQLITE_NOTADB, SQLITE_CORRUPT:
+            kind = .notADatabase
+            reason = "the file is not a Hop database or is damaged"
+            hint = "Check the path (--db, $HOP_DB), or restore the file from a backup"
+        case SQLITE_CANTOPEN:
+            kind = .cannotOpen
+            reason = "the database file cannot be opened"
+            hint = "Check that the path is a file (not a folder) and that its folder exists and is writable"
+        case SQLITE_FULL:
+            kind = .ioFailure
+            reason = "the disk is full"
+            hint = "Free space on the disk holding the database; nothing was changed"
+        case SQLITE_IOERR, SQLITE_READONLY, SQLITE_PERM:
+            kind = .ioFailure
+            reason = "the file system refused to read or write the database"
+            hint = "Check the disk, the file's permissions and that the file system is writable; nothing was changed"
+        case SQLITE_CONSTRAINT:
+            kind = .refused
+            reason = "the change conflicts with what is stored"
+            hint = nil
+        default:
+            kind = .sqlite
+            reason = "SQLite reported an error"
+            hint = nil
+        }
+        return HopStoreError(kind, operation: operation, path: path, reason: reason, hint: hint, resultCode: code, sqliteMessage: message)
+    }
+
+    // MARK: Files
+
+    private static func requireExistingFile(_ path: String) throws {
+        var isDirectory: ObjCBool = false
+        guard FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory) else {
+            throw HopStoreError(
+                .missing, operation: "open", path: path, reason: "no database exists at this path",
+                hint: "Check --db or $HOP_DB, or create it with `hopctl migrate`")
+        }
+        if isDirectory.boolValue {
+            throw HopStoreError(
+                .cannotOpen, operation: "open", path: path, reason: "the path is a folder, not a database file",
+                hint: "Name a file, e.g. \(path)/hop.sqlite")
+        }
+    }
+
+    /// Creates the file with mode 0600 whatever the umask (SQLite gives its -wal and -shm files the same mode).
+    private static func createFileIfMissing(_ path: String) throws {
+        var isDirectory: ObjCBool = false
+        if FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory) {
+            if isDirectory.boolValue { try requireExistingFile(path) }
+            return
+        }
+        let folder = (path as NSString).deletingLastPathComponent
+        if !folder.isEmpty {
+            do {
+                try FileManager.default.createDirectory(
+                    atPath: folder, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+            } catch {
+                throw HopStoreError(
+                    .cannotOpen, operation: "create database", path: path,
+                    reason: "its folder \(folder) cannot be created (\(error.localizedDescription))",
+                    hint: "Create the folder, or choose a writable path with --db or $HOP_DB")
+            }
+        }
+        let descriptor = open(path, O_CREAT | O_RDWR | O_CLOEXEC, 0o600)
+        guard descriptor >= 0 else {
+            let reason = String(cString: strerror(errno))
+            throw HopStoreError(
+                .cannotOpen, operation: "create database", path: path,
+                reason: "the file cannot be created (\(reason))",
+                hint: "Check that the folder is writable, or choose another path with --db or $HOP_DB")
+        }
+        fchmod(descriptor, 0o600)
+        close(descriptor)
+    }
+}

@@ -1,0 +1,88 @@
+import Foundation
+
+/// Applies migrations in order, each in its own transaction, recording version, name,
+/// checksum and time in `hop_migrations`.
+///
+/// Safe for several processes opening one fresh file at once: each migration re-checks,
+/// under the write lock, whether another process applied it meanwhile.
+enum Migrator {
+    struct Applied {
+        var version: Int
+        var name: String
+        var checksum: String
+    }
+
+    private static let createTable = """
+        CREATE TABLE IF NOT EXISTS hop_migrations (
+            version    INTEGER PRIMARY KEY,
+            name       TEXT    NOT NULL,
+            checksum   TEXT    NOT NULL,
+            applied_at INTEGER NOT NULL
+        )
+        """
+
+    /// Brings the schema up to the last of `migrations`; returns the schema version.
+    static func migrate(_ connection: Connection, migrations: [Migration]) throws -> Int {
+        let applied = try connection.write("migrate") {
+            try connection.execute(createTable, operation: "migrate")
+            return try check(connection, migrations: migrations)
+        }
+        var version = applied.map(\.version).max() ?? 0
+        for migration in migrations where migration.version > version {
+            try connection.write("apply migration \(migration.version) (\(migration.name))") {
+                let current = try check(connection, migrations: migrations).map(\.version).max() ?? 0
+                guard current < migration.version else { return }
+                try connection.execute(migration.sql, operation: "apply migration \(migration.version) (\(migration.name))")
+                try connection.run(
+                    "INSERT INTO hop_migrations (version, name, checksum, applied_at) VALUES (?1, ?2, ?3, ?4)",
+                    [.integer(Int64(migration.version)), .text(migration.name), .text(migration.checksum), .integer(Clock.nowMilliseconds())],
+                    operation: "record migration \(migration.version)")
+            }
+            version = migration.version
+        }
+        return version
+    }
+
+    /// Verifies the applied migrations against `migrations` without changing anything; returns the schema version.
+    static func verify(_ connection: Connection, migrations: [Migration]) throws -> Int {
+        try connection.read("check schema") {
+            let exists = try connection.queryOne(
+                "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = 'hop_migrations'", [], operation: "check schema"
+            ) { _ in true } ?? false
+            let version = exists ? (try check(connection, migrations: migrations).map(\.version).max() ?? 0) : 0
+            let latest = migrations.last?.version ?? 0
+            if version < latest {
+                throw HopStoreError(
+                    .schemaOutdated, operation: "check schema", path: connection.path,
+                    reason: version == 0
+                        ? "the file holds no Hop schema yet"
+                        : "the database has schema version \(version), this binary needs \(latest)",
+                    hint: "Run `hopctl migrate` (or start the daemon) to create or upgrade it")
+            }
+            return version
+        }
+    }
+
+    private static func check(_ connection: Connection, migrations: [Migration]) throws -> [Applied] {
+        let applied = try connection.query(
+            "SELECT version, name, checksum FROM hop_migrations ORDER BY version", [], operation: "read migrations"
+        ) { Applied(version: Int($0.int64(0)), name: $0.text(1), checksum: $0.text(2)) }
+        let latest = migrations.last?.version ?? 0
+        if let newest = applied.last, newest.version > latest {
+            throw HopStoreError(
+                .schemaTooNew, operation: "open", path: connection.path,
+                reason: "the database has schema version \(newest.version) (\(newest.name)), written by a newer Hop; this binary knows versions up to \(latest)",
+                hint: "Use a Hop release that knows schema version \(newest.version); nothing was changed")
+        }
+        let known = Dictionary(uniqueKeysWithValues: migrations.map { ($0.version, $0) })
+        for record in applied {
+            guard let migration = known[record.version], migration.checksum == record.checksum else {
+                throw HopStoreError(
+                    .migrationEdited, operation: "open", path: connection.path,
+                    reason: "migration \(record.version) (\(record.name)) was applied with checksum \(record.checksum), but this binary's copy differs",
+                    hint: "Applied migrations must never be edited: restore the original file and add a new numbered migration instead")
+            }
+        }
+        return applied
+    }
+}

@@ -1,0 +1,66 @@
+import Foundation
+
+/// What a history entry records.
+public enum HistoryKind: String, Sendable, Codable, CaseIterable {
+    /// The run entered a step.
+    case hop
+    /// The step in flight finished, with an optional JSON output.
+    case unhop
+    /// A condition was read; its JSON value is replayed on resume.
+    case decision
+    /// A change the flow made to stored state (e.g. marking a feature used), applied exactly once.
+    case effect
+    /// A transition hook ran between two steps.
+    case transition
+    /// A step threw; the message is kept.
+    case error
+    /// The run was cancelled.
+    case cancel
+    /// The run was ended so that a new run starts over.
+    case restart
+    /// The flow body returned.
+    case complete
+    /// The run failed for good.
+    case fail
+    /// The flow code no longer matches the history.
+    case diverge
+    /// A change of stored state sent the run on another path.
+    case reroute
+
+    /// Whether replay matches this entry against the flow code (the rest is commentary).
+    public var isReplayed: Bool {
+        switch self {
+        case .hop, .unhop, .decision, .effect: true
+        default: false
+        }
+    }
+}
+
+/// One entry of a run's append-only hop history.
+public struct HistoryEvent: Sendable, Equatable, Codable {
+    public var runID: Int64
+    /// 1, 2, 3… within the run.
+    public var seq: Int64
+    public var kind: HistoryKind
+    /// The step (hop, unhop, transition, error) or the decision or effect name.
+    public var step: String?
+    /// The hop's token (hop, unhop).
+    public var token: String?
+    /// JSON: an unhop's output or a decision's value; plain text for errors and notes.
+    public var value: String?
+    public var at: Date
+}
+
+extension HistoryEvent {
+    static let columns = "run_id, seq, kind, step, token, value, at"
+
+    init(row: Row) {
+        runID = row.int64(0)
+        seq = row.int64(1)
+        kind = HistoryKind(rawValue: row.text(2)) ?? .error
+        step = row.optionalText(3)
+        token = row.optionalText(4)
+        value = row.optionalText(5)
+        at = Clock.date(row.int64(6))
+    }
+}

@@ -1,0 +1,65 @@
+import Foundation
+
+/// Where a run stands.
+public enum RunStatus: String, Sendable, Codable, CaseIterable {
+    /// Being executed, or ready to be: an engine will (re)enter it.
+    case running
+    /// Waiting on an external step's unhop; no engine holds it in memory.
+    case parked
+    /// The flow body returned.
+    case completed
+    /// A step failed after its retries.
+    case failed
+    /// Cancelled by an operator or the API; never advances again.
+    case cancelled
+    /// The flow code asked for a different path than the history recorded.
+    case diverged
+
+    /// Whether the run can still advance.
+    public var isUnfinished: Bool { self == .running || self == .parked }
+}
+
+/// One run of a flow for a subject.
+public struct RunRecord: Sendable, Equatable, Codable {
+    public var id: Int64
+    public var flow: String
+    public var subject: String
+    public var flowVersion: String
+    public var status: RunStatus
+    /// The step in flight (entered, not yet unhopped), or the step that failed.
+    public var currentStep: String?
+    /// The token an unhop of the in-flight step must present.
+    public var currentToken: String?
+    /// For a parked run: the stored change that unhops it (see ``WakeCondition``).
+    public var wakeOn: WakeCondition?
+    /// The engine that executes the run, if one holds it.
+    public var owner: String?
+    public var leaseExpiresAt: Date?
+    public var createdAt: Date
+    public var updatedAt: Date
+}
+
+/// A stored change that finishes a parked step without an explicit unhop.
+public enum WakeCondition: String, Sendable, Codable {
+    /// Storing a session for the run's subject unhops the step (a login step).
+    case sessionStored = "session-stored"
+}
+
+extension RunRecord {
+    static let columns = "id, flow, subject, flow_version, status, current_step, current_token, wake_on, owner, lease_expires_at, created_at, updated_at"
+
+    init(row: Row) {
+        id = row.int64(0)
+        flow = row.text(1)
+        subject = row.text(2)
+        flowVersion = row.text(3)
+        status = RunStatus(rawValue: row.text(4)) ?? .failed
+        currentStep = row.optionalText(5)
+        currentToken = row.optionalText(6)
+        wakeOn = row.optionalText(7).flatMap(WakeCondition.init(rawValue:))
+        owner = row.optionalText(8)
+        leaseExpiresAt = row.optionalInt64(9).map(Clock.date)
+        createdAt = Clock.date(row.int64(10))
+        updatedAt = Clock.date(row.int64(11))
+    }
+}

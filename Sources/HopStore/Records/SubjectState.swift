@@ -1,0 +1,44 @@
+import Foundation
+
+/// A feature a subject has used; a feature without a flag is on its first use.
+public struct FirstUseFlag: Sendable, Equatable, Codable {
+    public var feature: String
+    public var usedAt: Date
+}
+
+/// A stored user session. Its `description` never shows the token.
+public struct StoredSession: Sendable, Equatable, Codable, CustomStringConvertible, CustomDebugStringConvertible {
+    public var subject: String
+    public var userID: String
+    /// The secret the daemon needs back. Never logged or printed by Hop unless asked to.
+    public var token: String
+    public var createdAt: Date
+    /// When the session stops counting as stored; `nil` for never.
+    public var expiresAt: Date?
+
+    public var description: String {
+        "session of \(userID) for \(subject) (token \(StoredSession.redact(token)))"
+    }
+
+    public var debugDescription: String { description }
+
+    /// `token` shortened to a recognisable, non-secret form: its first 4 characters, then asterisks.
+    public static func redact(_ token: String) -> String {
+        token.count <= 8 ? "********" : String(token.prefix(4)) + "…" + "********"
+    }
+}
+
+/// One of the daemon's own key/value facts about a subject.
+public struct Fact: Sendable, Equatable, Codable {
+    public var key: String
+    public var value: String
+    public var updatedAt: Date
+}
+
+/// An edge of the hop graph of a flow: how many times runs went from one step to the next.
+public struct HopEdge: Sendable, Equatable, Codable {
+    /// `nil` for the start of a run.
+    public var from: String?
+    public var to: String
+    public var count: Int
+}

@@ -1,0 +1,163 @@
+import Foundation
+
+extension HopStore {
+    // MARK: First-use flags
+
+    /// Whether `subject` has never used `feature` (or it was reset since).
+    public func isFirstUse(subject: String, feature: String) throws -> Bool {
+        try validate(subject, as: "subject")
+        try validate(feature, as: "feature name")
+        return try connection.queryOne(
+            "SELECT 1 FROM first_use WHERE subject = ?1 AND feature = ?2", [.text(subject), .text(feature)],
+            operation: "read first use of \(feature)") { _ in true } == nil
+    }
+
+    /// The features `subject` has used, by name.
+    public func firstUseFlags(subject: String) throws -> [FirstUseFlag] {
+        try validate(subject, as: "subject")
+        return try connection.query(
+            "SELECT feature, used_at FROM first_use WHERE subject = ?1 ORDER BY feature", [.text(subject)],
+            operation: "list first-use flags of \(subject)"
+        ) { FirstUseFlag(feature: $0.text(0), usedAt: Clock.date($0.int64(1))) }
+    }
+
+    /// Marks `feature` used by `subject` now, unless it already is.
+    public func markUsed(subject: String, feature: String) throws {
+        try validate(subject, as: "subject")
+        try validate(feature, as: "feature name")
+        try connection.write("mark \(feature) used") {
+            try connection.run(
+                "INSERT INTO first_use (subject, feature, used_at) VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",
+                [.text(subject), .text(feature), .integer(Clock.nowMilliseconds())], operation: "mark \(feature) used")
+        }
+    }
+
+    /// Makes `features` first-use again for `subject`; returns how many were marked used before.
+    @discardableResult
+    public func resetFirstUse(subject: String, features: [String]) throws -> Int {
+        try validate(subject, as: "subject")
+        for feature in features { try validate(feature, as: "feature name") }
+        return try connection.write("reset first use") {
+            var count = 0
+            for feature in features {
+                count += try connection.run(
+                    "DELETE FROM first_use WHERE subject = ?1 AND feature = ?2", [.text(subject), .text(feature)],
+                    operation: "reset first use of \(feature)")
+            }
+            return count
+        }
+    }
+
+    /// Makes every feature first-use again for `subject`; returns how many flags were cleared.
+    @discardableResult
+    public func resetAllFirstUse(subject: String) throws -> Int {
+        try validate(subject, as: "subject")
+        return try connection.write("reset first use") {
+            try connection.run("DELETE FROM first_use WHERE subject = ?1", [.text(subject)], operation: "reset first use")
+        }
+    }
+
+    // MARK: Sessions
+
+    /// Stores the session of `subject` (replacing any other), and in the same transaction
+    /// unhops the subject's runs parked on a step that waits for a session (``WakeCondition/sessionStored``).
+    ///
+    /// - Returns: the ids of the runs it unhopped; their login step's output is `{"userID": …}`.
+    @discardableResult
+    public func storeSession(subject: String, userID: String, token: String, expiresAt: Date? = nil) throws -> [Int64] {
+        try validate(subject, as: "subject")
+        try validate(userID, as: "user id")
+        guard !token.isEmpty, token.utf8.count <= 4096 else {
+            throw refuse(.invalidInput, "store session", "the session token must be 1 to 4096 bytes")
+        }
+        let operation = "store session of \(subject)"
+        let output = String(decoding: try JSONEncoder().encode(["userID": userID]), as: UTF8.self)
+        return try connection.write(operation) {
+            try connection.run(
+                """
+                INSERT INTO sessions (subject, user_id, token, created_at, expires_at) VALUES (?1, ?2, ?3, ?4, ?5)
+                ON CONFLICT (subject) DO UPDATE SET user_id = ?2, token = ?3, created_at = ?4, expires_at = ?5
+                """,
+                [.text(subject), .text(userID), .text(token), .integer(Clock.nowMilliseconds()),
+                 .optional(expiresAt.map(Clock.milliseconds))],
+                operation: operation)
+            let waiting = try connection.query(
+                "SELECT \(RunRecord.columns) FROM runs WHERE subject = ?1 AND status = 'parked' AND wake_on = ?2",
+                [.text(subject), .text(WakeCondition.sessionStored.rawValue)], operation: operation, RunRecord.init(row:))
+            for run in waiting {
+                guard let token = run.currentToken else { continue }
+                try unhopLocked(run, token: token, output: output, operation: operation)
+            }
+            return waiting.map(\.id)
+        }
+    }
+
+    /// The stored session of `subject`; an expired session reads as none.
+    public func session(subject: String) throws -> StoredSession? {
+        try validate(subject, as: "subject")
+        return try connection.queryOne(
+            """
+            SELECT user_id, token, created_at, expires_at FROM sessions
+            WHERE subject = ?1 AND (expires_at IS NULL OR expires_at > ?2)
+            """,
+            [.text(subject), .integer(Clock.nowMilliseconds())], operation: "read session of \(subject)"
+        ) {
+            StoredSession(
+                subject: subject, userID: $0.text(0), token: $0.text(1), createdAt: Clock.date($0.int64(2)),
+                expiresAt: $0.optionalInt64(3).map(Clock.date))
+        }
+    }
+
+    /// Removes the session of `subject`; returns whether one was stored.
+    @discardableResult
+    public func deleteSession(subject: String) throws -> Bool {
+        try validate(subject, as: "subject")
+        return try connection.write("delete session of \(subject)") {
+            try connection.run("DELETE FROM sessions WHERE subject = ?1", [.text(subject)], operation: "delete session of \(subject)") > 0
+        }
+    }
+
+    // MARK: Facts
+
+    /// Stores the daemon's fact `key` = `value` about `subject`.
+    public func setFact(subject: String, key: String, value: String) throws {
+        try validate(subject, as: "subject")
+        try validate(key, as: "fact key")
+        try connection.write("set fact \(key)") {
+            try connection.run(
+                """
+                INSERT INTO facts (subject, key, value, updated_at) VALUES (?1, ?2, ?3, ?4)
+                ON CONFLICT (subject, key) DO UPDATE SET value = ?3, updated_at = ?4
+                """,
+                [.text(subject), .text(key), .text(value), .integer(Clock.nowMilliseconds())], operation: "set fact \(key)")
+        }
+    }
+
+    /// The value of fact `key` about `subject`, if stored.
+    public func fact(subject: String, key: String) throws -> String? {
+        try validate(subject, as: "subject")
+        try validate(key, as: "fact key")
+        return try connection.queryOne(
+            "SELECT value FROM facts WHERE subject = ?1 AND key = ?2", [.text(subject), .text(key)],
+            operation: "read fact \(key)") { $0.text(0) }
+    }
+
+    /// Every fact about `subject`, by key.
+    public func facts(subject: String) throws -> [Fact] {
+        try validate(subject, as: "subject")
+        return try connection.query(
+            "SELECT key, value, updated_at FROM facts WHERE subject = ?1 ORDER BY key", [.text(subject)],
+            operation: "list facts of \(subject)"
+        ) { Fact(key: $0.text(0), value: $0.text(1), updatedAt: Clock.date($0.int64(2))) }
+    }
+
+    /// Removes fact `key` about `subject`; returns whether it was stored.
+    @discardableResult
+    public func removeFact(subject: String, key: String) throws -> Bool {
+        try validate(subject, as: "subject")
+        try validate(key, as: "fact key")
+        return try connection.write("remove fact \(key)") {
+            try connection.run("DELETE FROM facts WHERE subject = ?1 AND key = ?2", [.text(subject), .text(key)], operation: "remove fact \(key)") > 0
+        }
+    }
+}

@@ -1,0 +1,122 @@
+import Foundation
+import Logging
+
+/// Hop's persistent state in one SQLite file: runs and their hop history, first-use flags,
+/// stored sessions and facts.
+///
+/// Guarantees: every public mutating method is one transaction. When it returns, the change
+/// is committed and survives `kill -9` of the process (and, with ``Durability/full``, a power
+/// cut). When it throws, nothing was changed. Every value reaches SQLite as a bound parameter.
+///
+/// The store runs its SQLite work on a thread of its own, so blocking I/O never occupies
+/// Swift's cooperative pool.
+///
+/// ```swift
+/// let store = try await HopStore.open(logger: logger)          // $HOP_DB or the default location
+/// if try await store.isFirstUse(subject: "default", feature: "onboarding") { … }
+/// ```
+public actor HopStore {
+    /// How much a commit survives.
+    public enum Durability: Sendable {
+        /// `synchronous=FULL`: a committed change survives a process crash and a power cut.
+        case full
+        /// `synchronous=NORMAL`: survives a process crash, not a power cut (the last commits may be lost).
+        case normal
+    }
+
+    /// How a store is opened.
+    public struct Options: Sendable {
+        /// How much a commit survives; `.full` by default.
+        public var durability: Durability = .full
+        /// How long a write waits for another process's write lock before failing with `.busy`.
+        public var busyTimeout: Duration = .seconds(5)
+        /// Create the file (mode 0600, folder included) when it is missing. Off for read-only tools.
+        public var createIfMissing = true
+        /// Apply pending migrations. When off, a database whose schema is not current is refused.
+        public var migrate = true
+        /// The migrations to apply; every migration compiled into the binary by default.
+        public var migrations: [Migration] = Migration.all
+
+        public init(
+            durability: Durability = .full, busyTimeout: Duration = .seconds(5),
+            createIfMissing: Bool = true, migrate: Bool = true
+        ) {
+            self.durability = durability
+            self.busyTimeout = busyTimeout
+            self.createIfMissing = createIfMissing
+            self.migrate = migrate
+        }
+    }
+
+    private nonisolated let executor: StoreExecutor
+    public nonisolated var unownedExecutor: UnownedSerialExecutor { executor.asUnownedSerialExecutor() }
+
+    let connection: Connection
+    let logger: Logger
+    /// The database file.
+    public nonisolated let path: String
+    /// The schema version of the database once opened.
+    public nonisolated let schemaVersion: Int
+
+    private init(executor: StoreExecutor, connection: Connection, schemaVersion: Int, logger: Logger) {
+        self.executor = executor
+        self.connection = connection
+        self.path = connection.path
+        self.schemaVersion = schemaVersion
+        self.logger = logger
+    }
+
+    deinit { executor.stop() }
+
+    /// Opens (and by default creates and migrates) the database at `path`, or at
+    /// ``DatabaseLocation/defaultPath(environment:)`` when `path` is `nil`.
+    ///
+    /// - Throws: ``HopStoreError``: `.cannotOpen` for a folder or an unwritable place, `.missing`
+    ///   when `createIfMissing` is off and there is no file, `.notADatabase`, `.schemaTooNew`,
+    ///   `.migrationEdited`, `.schemaOutdated` when `migrate` is off. Nothing is changed then.
+    public static func open(
+        path: String? = nil, options: Options = Options(),
+        logger: Logger = Logger(label: "hop.store", factory: { _ in SwiftLogNoOpLogHandler() })
+    ) async throws -> HopStore {
+        let path = path ?? DatabaseLocation.defaultPath()
+        let executor = StoreExecutor(name: "hop.store")
+        do {
+            return try await executor.perform {
+                let connection = try Connection(
+                    path: path, create: options.createIfMissing, durability: options.durability,
+                    busyTimeout: options.busyTimeout)
+                let version = options.migrate
+                    ? try Migrator.migrate(connection, migrations: options.migrations)
+                    : try Migrator.verify(connection, migrations: options.migrations)
+                var logger = logger
+                logger[metadataKey: "hop.db"] = "\(path)"
+                logger.debug("opened Hop database", metadata: ["hop.schema": "\(version)"])
+                return HopStore(executor: executor, connection: connection, schemaVersion: version, logger: logger)
+            }
+        } catch {
+            executor.stop()
+            throw error
+        }
+    }
+
+    /// A number that changes whenever another connection commits to the database
+    /// (`PRAGMA data_version`): a cheap way to notice changes made by other processes.
+    public func dataVersion() throws -> Int64 {
+        try connection.queryOne("PRAGMA data_version", [], operation: "read data version") { $0.int64(0) } ?? 0
+    }
+
+    /// Runs SQLite's `PRAGMA integrity_check`; `["ok"]` for a sound database.
+    public func integrityCheck() throws -> [String] {
+        try connection.query("PRAGMA integrity_check", [], operation: "check integrity") { $0.text(0) }
+    }
+
+    // MARK: Shared checks
+
+    func validate(_ value: String, as what: String) throws {
+        try Identifier.validate(value, as: what, path: path)
+    }
+
+    func refuse(_ kind: HopStoreError.Kind, _ operation: String, _ reason: String, hint: String? = nil) -> HopStoreError {
+        HopStoreError(kind, operation: operation, path: path, reason: reason, hint: hint)
+    }
+}
