@@ -62,17 +62,21 @@ let package = Package(
             dependencies: ["HopStore"],
             path: "Tests/HopTestStore"
         ),
+        .target(
+            name: "HopTestSupport",
+            path: "Tests/HopTestSupport"
+        ),
         .testTarget(
             name: "HopStoreTests",
-            dependencies: ["HopStore", "hop-test-store"]
+            dependencies: ["HopStore", "HopTestSupport", "hop-test-store"]
         ),
         .testTarget(
             name: "HopEngineTests",
-            dependencies: ["HopEngine", "hop-test-daemon"]
+            dependencies: ["HopEngine", "HopTestSupport", "hop-test-daemon"]
         ),
         .testTarget(
             name: "hopctlTests",
-            dependencies: ["HopEngine", "hopctl", "hop-test-daemon"]
+            dependencies: ["HopEngine", "HopTestSupport", "hopctl", "hop-test-daemon"]
         ),
     ],
     swiftLanguageModes: [.v6]

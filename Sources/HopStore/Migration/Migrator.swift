@@ -86,3 +86,12 @@ enum Migrator {
         return applied
     }
 }
+
+extension HopStore {
+    /// The migrations applied to this database, in order.
+    public func appliedMigrations() throws -> [(version: Int, name: String, checksum: String, appliedAt: Date)] {
+        try connection.query(
+            "SELECT version, name, checksum, applied_at FROM hop_migrations ORDER BY version", [], operation: "read migrations"
+        ) { (Int($0.int64(0)), $0.text(1), $0.text(2), Clock.date($0.int64(3))) }
+    }
+}

@@ -145,6 +145,7 @@ extension HopStore {
 
     /// Records that run `runID` entered `step`, after an optional transition from `from`, and
     /// returns the hop entry with its fresh token. A parking step leaves the run `parked`.
+    @discardableResult
     public func recordHop(
         runID: Int64, step: String, from: String? = nil, parks: Bool = false, wakeOn: WakeCondition? = nil
     ) throws -> HistoryEvent {

@@ -120,3 +120,17 @@ public actor HopStore {
         HopStoreError(kind, operation: operation, path: path, reason: reason, hint: hint)
     }
 }
+
+extension HopStore {
+    /// SQLite's query plan for `sql`, one line per step: how a query will find its rows.
+    func explain(_ sql: String) throws -> [String] {
+        try connection.query("EXPLAIN QUERY PLAN " + sql, [], operation: "explain query") { $0.text(3) }
+    }
+}
+
+extension HopStore {
+    /// Copies the write-ahead log into the database file (`PRAGMA wal_checkpoint(TRUNCATE)`).
+    public func checkpoint() throws {
+        try connection.execute("PRAGMA wal_checkpoint(TRUNCATE)", operation: "checkpoint")
+    }
+}

@@ -1,0 +1,105 @@
+import Foundation
+import HopTestSupport
+import Testing
+
+@testable import HopStore
+
+@Suite struct MigrationTests {
+    @Test func aFreshFileGetsEverySchemaVersionRecordedWithItsChecksum() async throws {
+        let folder = try TemporaryDirectory()
+        let store = try await HopStore.open(path: folder.database)
+        #expect(store.schemaVersion == Migration.latestVersion)
+        #expect(Migration.latestVersion >= 2)
+        let recorded = try await store.appliedMigrations()
+        #expect(recorded.map(\.version) == Migration.all.map(\.version))
+        #expect(recorded.map(\.checksum) == Migration.all.map(\.checksum))
+    }
+
+    @Test func embeddedMigrationsAreTheFilesOfMigrationsFolderVerbatim() throws {
+        let folder = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("../../Migrations").standardized
+        let files = try FileManager.default.contentsOfDirectory(atPath: folder.path).filter { $0.hasSuffix(".sql") }.sorted()
+        #expect(files.count == Migration.all.count)
+        for (file, migration) in zip(files, Migration.all) {
+            #expect(file == String(format: "%04d_%@.sql", migration.version, migration.name))
+            #expect(try String(contentsOf: folder.appendingPathComponent(file), encoding: .utf8) == migration.sql)
+        }
+    }
+
+    @Test func checksumIsTheSHA256ThatSha256sumPrints() {
+        #expect(SHA256.hex("abc") == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad")
+        #expect(SHA256.hex("") == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855")
+        #expect(SHA256.hex(String(repeating: "a", count: 1000)) == "41edece42d63e8d9bf515a9ba6932e1c20cbc9f5a5d134645adb5db1b9737ea3")
+    }
+
+    @Test(arguments: 1..<Migration.latestVersion)
+    func upgradeFromEarlierVersionKeepsTheData(from version: Int) async throws {
+        let folder = try TemporaryDirectory()
+        var old = HopStore.Options()
+        old.migrations = Array(Migration.all.prefix(version))
+        let before = try await HopStore.open(path: folder.database, options: old)
+        #expect(before.schemaVersion == version)
+        let (run, _) = try await before.startRun(flow: "startup", subject: "kiosk-7", version: "1")
+        try await before.recordHop(runID: run.id, step: "splash")
+
+        let after = try await HopStore.open(path: folder.database)
+        #expect(after.schemaVersion == Migration.latestVersion)
+        #expect(try await after.history(runID: run.id).map(\.step) == ["splash"])
+        try await after.markUsed(subject: "kiosk-7", feature: "onboarding")
+        #expect(try await after.isFirstUse(subject: "kiosk-7", feature: "onboarding") == false)
+        #expect(try await after.integrityCheck() == ["ok"])
+    }
+
+    @Test func databaseFromANewerHopIsRefusedAndLeftUnchanged() async throws {
+        let folder = try TemporaryDirectory()
+        _ = try await HopStore.open(path: folder.database)
+        var older = HopStore.Options()
+        older.migrations = Array(Migration.all.dropLast())
+        let error = await #expect(throws: HopStoreError.self) {
+            _ = try await HopStore.open(path: folder.database, options: older)
+        }
+        #expect(error?.kind == .schemaTooNew)
+        #expect(error?.description.contains("schema version \(Migration.latestVersion)") == true)
+        #expect(error?.description.contains("versions up to \(Migration.latestVersion - 1)") == true)
+        let store = try await HopStore.open(path: folder.database)
+        #expect(try await store.appliedMigrations().count == Migration.latestVersion)
+    }
+
+    @Test func anAppliedMigrationThatWasEditedIsRefused() async throws {
+        let folder = try TemporaryDirectory()
+        _ = try await HopStore.open(path: folder.database)
+        var edited = HopStore.Options()
+        edited.migrations[0].sql += "\n-- an edit\n"
+        let error = await #expect(throws: HopStoreError.self) {
+            _ = try await HopStore.open(path: folder.database, options: edited)
+        }
+        #expect(error?.kind == .migrationEdited)
+        #expect(error?.description.contains("migration 1 (initial)") == true)
+    }
+
+    @Test func openingWithoutMigratingRefusesAnOutdatedSchema() async throws {
+        let folder = try TemporaryDirectory()
+        var old = HopStore.Options()
+        old.migrations = Array(Migration.all.prefix(1))
+        _ = try await HopStore.open(path: folder.database, options: old)
+        let error = await #expect(throws: HopStoreError.self) {
+            _ = try await HopStore.open(path: folder.database, options: HopStore.Options(createIfMissing: false, migrate: false))
+        }
+        #expect(error?.kind == .schemaOutdated)
+        #expect(error?.description.contains("hopctl migrate") == true)
+    }
+
+    @Test func processesMigratingOneFreshFileAtOnceAllSucceedAndApplyTheSchemaOnce() async throws {
+        let folder = try TemporaryDirectory()
+        let children = try (0..<4).map { _ in
+            try ChildProcess("hop-test-store", ["migrate", folder.database], directory: folder)
+        }
+        for child in children {
+            let status = try await child.waitForExit()
+            #expect(status == 0, "stderr: \(child.stderr)")
+            #expect(child.stdout == "schema \(Migration.latestVersion)\n")
+        }
+        let store = try await HopStore.open(path: folder.database)
+        #expect(try await store.appliedMigrations().map(\.version) == Migration.all.map(\.version))
+        #expect(try await store.integrityCheck() == ["ok"])
+    }
+}

@@ -1,0 +1,126 @@
+import Foundation
+import HopTestSupport
+import Testing
+
+@testable import HopStore
+
+@Suite struct RunHistoryTests {
+    @Test func runRoundTripsAndAtMostOneUnfinishedRunExistsPerSubject() async throws {
+        let folder = try TemporaryDirectory()
+        let store = try await HopStore.open(path: folder.database)
+        let (first, created) = try await store.startRun(flow: "startup", subject: "default", version: "1")
+        #expect(created)
+        #expect(first.status == .running && first.flow == "startup" && first.subject == "default" && first.flowVersion == "1")
+        let (again, createdAgain) = try await store.startRun(flow: "startup", subject: "default", version: "1")
+        #expect(!createdAgain)
+        #expect(again.id == first.id)
+        let (other, _) = try await store.startRun(flow: "startup", subject: "kiosk-2", version: "1")
+        #expect(other.id != first.id)
+        #expect(try await store.run(id: first.id) == first)
+        #expect(try await store.runs(flow: "startup").map(\.subject) == ["default", "kiosk-2"])
+    }
+
+    @Test func historyIsNumberedInOrderPerRun() async throws {
+        let folder = try TemporaryDirectory()
+        let store = try await HopStore.open(path: folder.database)
+        let (a, _) = try await store.startRun(flow: "startup", subject: "a", version: "1")
+        let (b, _) = try await store.startRun(flow: "startup", subject: "b", version: "1")
+        let hop = try await store.recordHop(runID: a.id, step: "splash")
+        try await store.recordHop(runID: b.id, step: "splash")
+        try await store.recordUnhop(runID: a.id, token: try #require(hop.token), output: #"{"ok":true}"#)
+        try await store.recordDecision(runID: a.id, name: "isFirstUse(onboarding)", value: "true")
+        try await store.recordHop(runID: a.id, step: "onboarding", from: "splash", parks: true)
+        let history = try await store.history(runID: a.id)
+        #expect(history.map(\.seq) == [1, 2, 3, 4, 5])
+        #expect(history.map(\.kind) == [.hop, .unhop, .decision, .transition, .hop])
+        #expect(history.map(\.step) == ["splash", "splash", "isFirstUse(onboarding)", "onboarding", "onboarding"])
+        #expect(history[1].value == #"{"ok":true}"#)
+        #expect(try await store.history(runID: a.id, limit: 2).map(\.seq) == [4, 5])
+        #expect(try await store.history(runID: b.id).map(\.seq) == [1])
+        let run = try #require(try await store.run(id: a.id))
+        #expect(run.status == .parked && run.currentStep == "onboarding" && run.currentToken == history[4].token)
+    }
+
+    @Test func readingARunsHistoryUsesTheIndexNotAScan() async throws {
+        let folder = try TemporaryDirectory()
+        let store = try await HopStore.open(path: folder.database)
+        let plan = try await store.explain("SELECT run_id, seq FROM history WHERE run_id = ?1 ORDER BY seq")
+        #expect(plan.contains { $0.contains("SEARCH history USING PRIMARY KEY (run_id=?)") }, "\(plan)")
+    }
+
+    @Test func unhopIsExactlyOnceAndRefusalsChangeNothing() async throws {
+        let folder = try TemporaryDirectory()
+        let store = try await HopStore.open(path: folder.database)
+        let (run, _) = try await store.startRun(flow: "startup", subject: "default", version: "1")
+        let hop = try await store.recordHop(runID: run.id, step: "onboarding", parks: true)
+        let token = try #require(hop.token)
+
+        let stale = await #expect(throws: HopStoreError.self) { try await store.recordUnhop(runID: run.id, token: "not-the-token") }
+        #expect(stale?.kind == .refused)
+        #expect(stale?.description.contains("stale or unknown") == true)
+        let badJSON = await #expect(throws: HopStoreError.self) { try await store.recordUnhop(runID: run.id, token: token, output: "{oops") }
+        #expect(badJSON?.kind == .invalidInput)
+        #expect(try await store.history(runID: run.id).count == 1)
+
+        try await store.recordUnhop(runID: run.id, token: token, output: "42")
+        let twice = await #expect(throws: HopStoreError.self) { try await store.recordUnhop(runID: run.id, token: token) }
+        #expect(twice?.kind == .refused)
+        #expect(twice?.description.contains("already unhopped") == true)
+        #expect(try await store.history(runID: run.id).map(\.kind) == [.hop, .unhop])
+    }
+
+    @Test func cancelledRunRefusesUnhopAndHop() async throws {
+        let folder = try TemporaryDirectory()
+        let store = try await HopStore.open(path: folder.database)
+        let (run, _) = try await store.startRun(flow: "startup", subject: "default", version: "1")
+        let hop = try await store.recordHop(runID: run.id, step: "onboarding", parks: true)
+        try await store.cancelRun(flow: "startup", subject: "default")
+        let error = await #expect(throws: HopStoreError.self) { try await store.recordUnhop(runID: run.id, token: hop.token ?? "") }
+        #expect(error?.kind == .refused)
+        #expect(error?.description.contains("cancelled") == true)
+        await #expect(throws: HopStoreError.self) { try await store.recordHop(runID: run.id, step: "main") }
+        #expect(try await store.history(runID: run.id).map(\.kind) == [.hop, .cancel])
+    }
+
+    @Test func restartKeepsTheOldHistoryAndStartsANewRun() async throws {
+        let folder = try TemporaryDirectory()
+        let store = try await HopStore.open(path: folder.database)
+        let (run, _) = try await store.startRun(flow: "startup", subject: "default", version: "1")
+        try await store.recordHop(runID: run.id, step: "splash")
+        let fresh = try await store.restartRun(flow: "startup", subject: "default")
+        #expect(fresh.id != run.id && fresh.status == .running && fresh.flowVersion == "1")
+        #expect(try await store.run(id: run.id)?.status == .cancelled)
+        #expect(try await store.history(runID: run.id).map(\.kind) == [.hop, .restart])
+        #expect(try await store.history(runID: fresh.id).isEmpty)
+        #expect(try await store.latestRun(flow: "startup", subject: "default")?.id == fresh.id)
+    }
+
+    @Test func parkedUnhopFinishesOnlyAParkedStep() async throws {
+        let folder = try TemporaryDirectory()
+        let store = try await HopStore.open(path: folder.database)
+        let (run, _) = try await store.startRun(flow: "startup", subject: "default", version: "1")
+        try await store.recordHop(runID: run.id, step: "splash")
+        let busy = await #expect(throws: HopStoreError.self) { try await store.unhopParked(flow: "startup", subject: "default") }
+        #expect(busy?.description.contains("executing in the daemon") == true)
+        let missing = await #expect(throws: HopStoreError.self) { try await store.unhopParked(flow: "startup", subject: "nobody") }
+        #expect(missing?.kind == .notFound)
+    }
+
+    @Test func hopGraphCountsTheObservedEdges() async throws {
+        let folder = try TemporaryDirectory()
+        let store = try await HopStore.open(path: folder.database)
+        for (subject, steps) in [("a", ["splash", "onboarding", "main"]), ("b", ["splash", "main"]), ("c", ["splash", "main"])] {
+            let (run, _) = try await store.startRun(flow: "startup", subject: subject, version: "1")
+            for step in steps {
+                let hop = try await store.recordHop(runID: run.id, step: step)
+                try await store.recordUnhop(runID: run.id, token: hop.token ?? "")
+            }
+        }
+        let edges = try await store.hopGraph(flow: "startup")
+        #expect(edges.contains(HopEdge(from: nil, to: "splash", count: 3)))
+        #expect(edges.contains(HopEdge(from: "splash", to: "main", count: 2)))
+        #expect(edges.contains(HopEdge(from: "splash", to: "onboarding", count: 1)))
+        #expect(edges.contains(HopEdge(from: "onboarding", to: "main", count: 1)))
+        #expect(edges.count == 4)
+    }
+}
