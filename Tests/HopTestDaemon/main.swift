@@ -1,1 +1,156 @@
-print("x")
+import Foundation
+import HopEngine
+import HopStore
+import Logging
+
+// Test helper: a daemon process running the startup flow on a real database, for the tests
+// that kill, restart and steer it from outside.
+//
+// Usage: hop-test-daemon --db PATH [--external] [--version V] [--subject S]
+//   --external   onboarding and login are external steps (login is unhopped by storing a session),
+//                and the engine runs as a service until the run completes;
+//                otherwise every step runs in process and the daemon exits once the run settles.
+//   --version 2  the flow code of a later release: main follows splash directly.
+// Environment:
+//   HOP_TEST_KILL_AT=<point>   SIGKILL this process at the point, e.g. "before:hop:splash", "after:unhop:login"
+//   HOP_TEST_FAILS=<n>         splash throws on its first n attempts (it is tried up to 3 times)
+// Prints "point <point>" for every point, "parked <step>" and "settled <status>".
+// Each step body appends "<run id> <step>\n" to PATH.bodies, so tests can count how often bodies ran.
+
+struct Options {
+    var path = ""
+    var external = false
+    var version = "1"
+    var subject = "default"
+
+    static func parse() -> Options {
+        var options = Options()
+        var arguments = ArraySlice(CommandLine.arguments.dropFirst())
+        while let argument = arguments.popFirst() {
+            switch argument {
+            case "--db": options.path = arguments.popFirst() ?? ""
+            case "--external": options.external = true
+            case "--version": options.version = arguments.popFirst() ?? "1"
+            case "--subject": options.subject = arguments.popFirst() ?? "default"
+            default:
+                FileHandle.standardError.write(Data("unknown argument \(argument)\n".utf8))
+                exit(64)
+            }
+        }
+        return options
+    }
+}
+
+/// Writes a line to standard output at once: a SIGKILL must not lose it in a buffer.
+func say(_ line: String) {
+    FileHandle.standardOutput.write(Data((line + "\n").utf8))
+}
+
+let options = Options.parse()
+let path = options.path
+let external = options.external
+let version = options.version
+let subject = options.subject
+let environment = ProcessInfo.processInfo.environment
+let killAt = environment["HOP_TEST_KILL_AT"]
+let failures = Int(environment["HOP_TEST_FAILS"] ?? "") ?? 0
+let bodies = path + ".bodies"
+
+func noteBody(_ context: StepContext) {
+    let step = "\(context.runID) \(context.step)"
+    let descriptor = open(bodies, O_WRONLY | O_CREAT | O_APPEND, 0o600)
+    guard descriptor >= 0 else { return }
+    _ = "\(step)\n".withCString { write(descriptor, $0, strlen($0)) }
+    close(descriptor)
+}
+
+func point(_ name: String) {
+    say("point \(name)")
+    if name == killAt { kill(getpid(), SIGKILL) }
+}
+
+let observer: @Sendable (EngineEvent) -> Void = { event in
+    switch event {
+    case .willRecord(_, let kind, let step): point("before:\(kind.rawValue):\(step ?? "-")")
+    case .recorded(_, let entry): point("after:\(entry.kind.rawValue):\(entry.step ?? "-")")
+    case .settled(let run):
+        if run.status == .parked { say("parked \(run.currentStep ?? "?")") }
+    case .executing(let run, let replaying): say("executing run \(run.id) replaying \(replaying)")
+    }
+}
+
+var logger = Logger(label: "hop-test-daemon")
+logger.logLevel = .error
+do {
+    let store = try await HopStore.open(path: path)
+    let engine = HopEngine(store: store, logger: logger, configuration: .init(pollInterval: .milliseconds(20), observer: observer))
+    engine.register(
+        Flow("startup", version: version) { flow in
+            try await flow.hop(to: "splash")
+            if version == "1" {
+                if try await flow.isFirstUse("onboarding") {
+                    try await flow.hop(to: "onboarding")
+                    try await flow.markUsed("onboarding")
+                }
+                if try await flow.session() == nil {
+                    try await flow.hop(to: "login")
+                }
+            }
+            try await flow.hop(to: "main")
+        })
+    let attempts = AttemptCounter()
+    engine.register(step: "splash", retry: RetryPolicy(maxAttempts: 3, initialBackoff: .milliseconds(10))) { step in
+        noteBody(step)
+        if await attempts.next() <= failures { throw SplashError(attempt: step.attempt) }
+        try await step.unhop(output: ["cache": "warm"])
+    }
+    if external {
+        engine.register(step: "onboarding", .external)
+        engine.register(step: "login", .external(unhopWhen: .sessionStored))
+    } else {
+        engine.register(step: "onboarding") { step in
+            noteBody(step)
+            try await step.unhop(output: ["accepted": true])
+        }
+        engine.register(step: "login") { step in
+            noteBody(step)
+            try await step.store.storeSession(subject: step.subject, userID: "alice", token: "token-of-alice")
+            try await step.unhop(output: ["userID": "alice"])
+        }
+    }
+    engine.register(step: "main") { step in noteBody(step) }
+
+    let run: RunRecord
+    if external {
+        let service = Task { try await engine.run() }
+        run = try await engine.start("startup", subject: subject)
+        var current = run
+        while current.status.isUnfinished {
+            try await Task.sleep(for: .milliseconds(10))
+            current = try await store.run(id: run.id) ?? current
+        }
+        service.cancel()
+        _ = try? await service.value
+        say("settled \(current.status.rawValue)")
+    } else {
+        run = try await engine.start("startup", subject: subject)
+        let settled = try await engine.settled(runID: run.id)
+        say("settled \(settled?.status.rawValue ?? "missing")")
+    }
+} catch {
+    FileHandle.standardError.write(Data("hop-test-daemon: \(error)\n".utf8))
+    exit(1)
+}
+
+struct SplashError: Error, CustomStringConvertible {
+    let attempt: Int
+    var description: String { "splash could not load its cache (attempt \(attempt))" }
+}
+
+actor AttemptCounter {
+    var count = 0
+    func next() -> Int {
+        count += 1
+        return count
+    }
+}

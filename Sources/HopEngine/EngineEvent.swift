@@ -1,0 +1,23 @@
+import HopStore
+
+/// What an engine reports to its observer, synchronously, as it happens.
+///
+/// Meant for progress displays, tracing and tests. The observer runs on the engine's path:
+/// keep it short and never block in it.
+public enum EngineEvent: Sendable {
+    /// About to commit a history entry of `kind` for `step` (a step, decision or effect name).
+    case willRecord(run: RunRef, kind: HistoryKind, step: String?)
+    /// A history entry was committed.
+    case recorded(run: RunRef, event: HistoryEvent)
+    /// The engine started executing a run; `replaying` counts the history entries it will replay.
+    case executing(run: RunRef, replaying: Int)
+    /// The engine stopped executing a run: it is parked, finished, or the engine is shutting down.
+    case settled(run: RunRecord)
+}
+
+/// Which run an event is about.
+public struct RunRef: Sendable, Equatable {
+    public let id: Int64
+    public let flow: String
+    public let subject: String
+}

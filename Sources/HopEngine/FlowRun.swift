@@ -1,0 +1,184 @@
+import Foundation
+import HopStore
+import Synchronization
+
+/// A flow body's handle on its run: hop to steps, read conditions, change stored state.
+///
+/// Each call is committed to the run's history before it returns; when the run is executed
+/// again (after a crash or an external unhop), calls already in the history return their
+/// recorded result without doing their work again.
+public final class FlowRun: Sendable {
+    public let flow: String
+    public let subject: String
+    public let runID: Int64
+    /// The flow version the run was started with.
+    public let startedVersion: String
+
+    private let definition: Flow
+    private let engine: HopEngine
+    private let store: HopStore
+    private let state: Mutex<ReplayState>
+
+    struct ReplayState {
+        var history: [HistoryEvent]
+        var position = 0
+        var lastStep: String?
+        var stopped: Error?
+
+        var next: HistoryEvent? { position < history.count ? history[position] : nil }
+    }
+
+    init(run: RunRecord, definition: Flow, history: [HistoryEvent], engine: HopEngine, store: HopStore) {
+        flow = run.flow
+        subject = run.subject
+        runID = run.id
+        startedVersion = run.flowVersion
+        self.definition = definition
+        self.engine = engine
+        self.store = store
+        state = Mutex(ReplayState(history: history.filter(\.kind.isReplayed)))
+    }
+
+    /// Whether the run is still replaying its history (the calls return recorded results).
+    public var isReplaying: Bool { state.withLock { $0.next != nil } }
+
+    // MARK: Hops
+
+    /// Hops to `step` and returns when it unhops, with its output: the code after this call is the `then`.
+    ///
+    /// The hop is committed before the step runs; a step already unhopped in the history is
+    /// not run again. A step that was in flight when the run was interrupted runs again.
+    /// An external step parks the run: the body stops here and continues, from the top with
+    /// replay, once the step is unhopped.
+    ///
+    /// - Parameter transition: runs before the hop is recorded, instead of the flow's transition.
+    @discardableResult
+    public func hop(to step: String, transition: (@Sendable (Transition) async throws -> Void)? = nil) async throws -> StepOutput {
+        let replayed = try state.withLock { state -> (hop: HistoryEvent, unhop: HistoryEvent?)? in
+            try checkNotStopped(state)
+            guard let event = state.next else { return nil }
+            guard event.kind == .hop, event.step == step else {
+                throw diverged(state, asked: "hop to '\(step)'")
+            }
+            state.position += 1
+            state.lastStep = step
+            guard let after = state.next, after.kind == .unhop else { return (event, nil) }
+            guard after.token == event.token else { throw diverged(state, asked: "unhop of '\(step)'") }
+            state.position += 1
+            return (event, after)
+        }
+        if let replayed {
+            if let unhop = replayed.unhop { return StepOutput(json: unhop.value) }
+            // In flight when the run stopped: enter it again.
+            return try await engine.enter(step: step, token: replayed.hop.token ?? "", run: self, isReentry: true)
+        }
+        let from = state.withLock { $0.lastStep }
+        let hook = transition ?? definition.transition
+        if let hook {
+            try await hook(Transition(flow: flow, subject: subject, runID: runID, from: from, to: step))
+        }
+        let event = try await engine.recordHop(run: self, step: step, from: hook == nil ? nil : from)
+        state.withLock { $0.lastStep = step }
+        return try await engine.enter(step: step, token: event.token ?? "", run: self, isReentry: false)
+    }
+
+    /// Hops to `step` and decodes its output as `T` (`nil` when it unhopped without one).
+    public func hop<T: Decodable>(to step: String, as type: T.Type) async throws -> T? {
+        try await hop(to: step).decode(type)
+    }
+
+    // MARK: Decisions
+
+    /// Reads a condition once and records its value; replay returns the recorded value, so
+    /// the run takes the same branch it took before a crash.
+    ///
+    /// - Parameter name: unique within the run's path, e.g. `"terms-accepted"`.
+    public func decide<T: Codable & Sendable>(_ name: String, _ read: @Sendable () async throws -> T) async throws -> T {
+        let recorded = try state.withLock { state -> String?? in
+            try checkNotStopped(state)
+            guard let event = state.next else { return .none }
+            guard event.kind == .decision, event.step == name else {
+                throw diverged(state, asked: "decision '\(name)'")
+            }
+            state.position += 1
+            return .some(event.value)
+        }
+        if let recorded {
+            return try JSONCoding.decode(T.self, from: recorded ?? "null", what: "the recorded decision '\(name)'")
+        }
+        let value = try await read()
+        try await engine.record(run: self, kind: .decision, name: name) {
+            try await self.store.recordDecision(runID: self.runID, name: name, value: try JSONCoding.encode(value))
+        }
+        return value
+    }
+
+    /// Whether the run's subject has never used `feature` (or it was reset): recorded as a decision.
+    public func isFirstUse(_ feature: String) async throws -> Bool {
+        try await decide("isFirstUse(\(feature))") { try await self.store.isFirstUse(subject: self.subject, feature: feature) }
+    }
+
+    /// The subject's stored session, without its token: recorded as a decision.
+    /// Read the token itself from ``HopStore/session(subject:)`` in a step.
+    public func session() async throws -> SessionInfo? {
+        try await decide("session") {
+            try await self.store.session(subject: self.subject).map {
+                SessionInfo(userID: $0.userID, createdAt: $0.createdAt, expiresAt: $0.expiresAt)
+            }
+        }
+    }
+
+    /// The daemon's fact `key` about the subject: recorded as a decision.
+    public func fact(_ key: String) async throws -> String? {
+        try await decide("fact(\(key))") { try await self.store.fact(subject: self.subject, key: key) }
+    }
+
+    // MARK: Effects
+
+    /// Marks `feature` used by the subject, exactly once for this run (recorded with the flag, in one transaction).
+    public func markUsed(_ feature: String) async throws {
+        let name = HopStore.markUsedEffect(feature)
+        let replayed = try state.withLock { state -> Bool in
+            try checkNotStopped(state)
+            guard let event = state.next else { return false }
+            guard event.kind == .effect, event.step == name else {
+                throw diverged(state, asked: "effect '\(name)'")
+            }
+            state.position += 1
+            return true
+        }
+        if replayed { return }
+        try await engine.record(run: self, kind: .effect, name: name) {
+            try await self.store.markUsed(runID: self.runID, feature: feature)
+        }
+    }
+
+    // MARK: Replay bookkeeping
+
+    /// Called when the body returns: history the code no longer reaches is a divergence too.
+    func finish() throws {
+        try state.withLock { state in
+            try checkNotStopped(state)
+            if state.next != nil { throw diverged(state, asked: "the end of the flow") }
+        }
+    }
+
+    func stop(_ error: Error) {
+        state.withLock { if $0.stopped == nil { $0.stopped = error } }
+    }
+
+    private func checkNotStopped(_ state: ReplayState) throws {
+        if let stopped = state.stopped { throw stopped }
+    }
+
+    private func diverged(_ state: ReplayState, asked: String) -> HopEngineError {
+        let recorded = state.next.map { event in
+            "\(event.kind.rawValue) '\(event.step ?? "")' (history entry \(event.seq))"
+        } ?? "nothing more"
+        return HopEngineError(
+            .diverged,
+            "run \(runID) of flow '\(flow)' for subject '\(subject)' diverged: its history recorded \(recorded), "
+                + "but the flow code (version \(definition.version); the run started with version \(startedVersion)) asks for \(asked). "
+                + "The run is stopped and not advanced. Start it over with `hopctl restart --flow \(flow) --subject \(subject)`.")
+    }
+}

@@ -1,0 +1,190 @@
+import Foundation
+import HopStore
+import Logging
+import Synchronization
+
+/// Executes flows durably over a ``HopStore``: every hop, unhop and decision is committed
+/// before the flow proceeds, and unfinished runs resume where they were after a crash.
+///
+/// ```swift
+/// let engine = HopEngine(store: store, logger: logger)
+/// engine.register(startup)
+/// engine.register(step: "splash") { step in await cache.reload() }
+/// engine.register(step: "onboarding", .external)
+/// try await engine.start("startup")
+/// ```
+///
+/// Guarantees: a step that unhopped is never run again for that hop; a decision returns
+/// the value it first recorded; an unhop is applied exactly once. A step in flight when
+/// the process died runs again when the run resumes (at-least-once for step bodies).
+public actor HopEngine {
+    /// How an engine behaves.
+    public struct Configuration: Sendable {
+        /// How often the engine checks the database for changes made by other processes
+        /// (an unhop by `hopctl`, a restarted run).
+        public var pollInterval: Duration = .milliseconds(50)
+        /// Called with each ``EngineEvent``.
+        public var observer: (@Sendable (EngineEvent) -> Void)?
+
+        public init(pollInterval: Duration = .milliseconds(50), observer: (@Sendable (EngineEvent) -> Void)? = nil) {
+            self.pollInterval = pollInterval
+            self.observer = observer
+        }
+    }
+
+    struct StepRegistration: Sendable {
+        enum Kind: Sendable {
+            case inProcess(@Sendable () -> any HopStep)
+            case external(ExternalStep)
+        }
+        var kind: Kind
+        var retry: RetryPolicy
+    }
+
+    struct Registry: Sendable {
+        var flows: [String: Flow] = [:]
+        var steps: [String: StepRegistration] = [:]
+    }
+
+    /// The engine's database.
+    public nonisolated let store: HopStore
+    nonisolated let logger: Logger
+    nonisolated let configuration: Configuration
+    private nonisolated let registry = Mutex(Registry())
+
+    /// Runs being executed in this process, by id.
+    var executing: [Int64: Task<Void, Never>] = [:]
+    /// Runs asked to execute again while executing (an unhop arrived as they settled).
+    var executeAgain: Set<Int64> = []
+    var settleWaiters: [Int64: [CheckedContinuation<Void, Never>]] = [:]
+
+    public init(store: HopStore, logger: Logger, configuration: Configuration = Configuration()) {
+        self.store = store
+        self.logger = logger
+        self.configuration = configuration
+    }
+
+    // MARK: Registration
+
+    /// Registers `flow` under its name, replacing any flow registered under that name.
+    public nonisolated func register(_ flow: Flow) {
+        registry.withLock { $0.flows[flow.name] = flow }
+    }
+
+    /// Registers an in-process step whose work is `body`.
+    public nonisolated func register(
+        step name: String, retry: RetryPolicy = .none, _ body: @escaping @Sendable (StepContext) async throws -> Void
+    ) {
+        register(step: name, retry: retry, factory: { ClosureStep(body: body) })
+    }
+
+    /// Registers an in-process step made by `factory` for each hop to it: the daemon's own step host.
+    public nonisolated func register(step name: String, retry: RetryPolicy = .none, factory: @escaping @Sendable () -> any HopStep) {
+        registry.withLock { $0.steps[name] = StepRegistration(kind: .inProcess(factory), retry: retry) }
+    }
+
+    /// Registers a step that is finished from outside (see ``ExternalStep``).
+    public nonisolated func register(step name: String, _ external: ExternalStep) {
+        registry.withLock { $0.steps[name] = StepRegistration(kind: .external(external), retry: .none) }
+    }
+
+    nonisolated func flow(named name: String) -> Flow? { registry.withLock { $0.flows[name] } }
+    nonisolated func step(named name: String) -> StepRegistration? { registry.withLock { $0.steps[name] } }
+    nonisolated var flowNames: [String] { registry.withLock { Array($0.flows.keys).sorted() } }
+
+    // MARK: Starting and steering runs
+
+    /// Starts a run of `flow` for `subject`, or resumes its unfinished run, and executes it
+    /// in the background. Returns the run as stored.
+    @discardableResult
+    public func start(_ flow: String, subject: String = "default") async throws -> RunRecord {
+        guard let definition = self.flow(named: flow) else {
+            throw HopEngineError(.notRegistered, "no flow is registered under '\(flow)': register it with engine.register(Flow(\"\(flow)\", …))")
+        }
+        let (run, created) = try await store.startRun(flow: flow, subject: subject, version: definition.version)
+        if created { logger.info("started run", metadata: metadata(run)) }
+        if run.status == .running { execute(run) }
+        return run
+    }
+
+    /// Resumes every unfinished, unparked run of the registered flows; returns how many.
+    @discardableResult
+    public func resumeAll() async throws -> Int {
+        let runs = try await store.unfinishedRuns(status: .running, flows: flowNames)
+        var resumed = 0
+        for run in runs where executing[run.id] == nil {
+            execute(run)
+            resumed += 1
+        }
+        if resumed > 0 { logger.info("resuming unfinished runs", metadata: ["hop.runs": "\(resumed)"]) }
+        return resumed
+    }
+
+    /// Finishes the step that the unfinished run of `flow` for `subject` has in flight, with
+    /// `token` (from ``inFlight(flow:subject:)``), exactly once; then the run proceeds.
+    /// - Throws: `HopStoreError` of kind `.refused`, changing nothing, for a stale token, a second
+    ///   unhop or a finished run.
+    public func unhop(flow: String, subject: String = "default", token: String, output: (some Encodable & Sendable)? = String?.none) async throws {
+        guard let run = try await store.latestRun(flow: flow, subject: subject), run.status.isUnfinished else {
+            throw HopEngineError(.refused, "there is no unfinished run of flow '\(flow)' for subject '\(subject)' to unhop")
+        }
+        let json = try output.map { try JSONCoding.encode($0) }
+        let event = try await store.recordUnhop(runID: run.id, token: token, output: json)
+        notify(.recorded(run: ref(run), event: event))
+        if let updated = try await store.run(id: run.id) { execute(updated) }
+    }
+
+    /// The step the unfinished run of `flow` for `subject` has in flight, and its token.
+    public func inFlight(flow: String, subject: String = "default") async throws -> (step: String, token: String)? {
+        guard let run = try await store.latestRun(flow: flow, subject: subject), run.status.isUnfinished,
+            let step = run.currentStep, let token = run.currentToken
+        else { return nil }
+        return (step, token)
+    }
+
+    /// Cancels the unfinished run of `flow` for `subject`: its in-flight step's task is
+    /// cancelled and the run never advances again. History is kept.
+    @discardableResult
+    public func cancel(flow: String, subject: String = "default") async throws -> RunRecord {
+        let run = try await store.cancelRun(flow: flow, subject: subject)
+        executing[run.id]?.cancel()
+        logger.info("cancelled run", metadata: metadata(run))
+        return run
+    }
+
+    /// Ends the latest run of `flow` for `subject` and starts the flow over in a new run.
+    @discardableResult
+    public func restart(flow: String, subject: String = "default") async throws -> RunRecord {
+        if let old = try await store.latestRun(flow: flow, subject: subject) { executing[old.id]?.cancel() }
+        let run = try await store.restartRun(flow: flow, subject: subject)
+        if self.flow(named: flow) != nil { execute(run) }
+        return run
+    }
+
+    /// Waits until this engine is no longer executing run `runID` (it completed, failed,
+    /// parked, …) and returns the run as stored.
+    public func settled(runID: Int64) async throws -> RunRecord? {
+        if executing[runID] != nil {
+            await withCheckedContinuation { settleWaiters[runID, default: []].append($0) }
+        }
+        return try await store.run(id: runID)
+    }
+
+    /// Whether this engine is executing run `runID` now.
+    public func isExecuting(runID: Int64) -> Bool { executing[runID] != nil }
+
+    /// How many runs this engine holds in memory.
+    public var executingCount: Int { executing.count }
+
+    // MARK: Helpers
+
+    nonisolated func notify(_ event: EngineEvent) { configuration.observer?(event) }
+
+    nonisolated func ref(_ run: RunRecord) -> RunRef { RunRef(id: run.id, flow: run.flow, subject: run.subject) }
+
+    nonisolated func metadata(_ run: RunRecord, step: String? = nil) -> Logger.Metadata {
+        var metadata: Logger.Metadata = ["hop.run": "\(run.id)", "hop.flow": "\(run.flow)", "hop.subject": "\(run.subject)"]
+        if let step { metadata["hop.step"] = "\(step)" }
+        return metadata
+    }
+}

@@ -1,0 +1,79 @@
+import Foundation
+import HopStore
+import HopTestSupport
+import Testing
+
+/// The core acceptance: the startup flow in a real process, SIGKILLed just before and just
+/// after every commit in turn, then restarted and run to the end.
+@Suite struct CrashMatrixTests {
+    struct Outcome {
+        var history: [String]
+        var bodies: [String: Int]
+    }
+
+    static func outcome(_ folder: TemporaryDirectory) async throws -> Outcome {
+        let store = try await HopStore.open(path: folder.database)
+        // The first run: a daemon started after that run completed starts a second one.
+        let run = try #require(try await store.allRuns(flow: "startup", subject: "default").first)
+        let history = try await store.history(runID: run.id)
+            .filter { $0.kind.isReplayed || $0.kind == .complete }
+            .map { "\($0.kind.rawValue) \($0.step ?? "")" }
+        let lines = ((try? String(contentsOfFile: folder.database + ".bodies", encoding: .utf8)) ?? "").split(separator: "\n")
+        let steps = lines.filter { $0.hasPrefix("\(run.id) ") }.map { String($0.split(separator: " ")[1]) }
+        return Outcome(history: history, bodies: Dictionary(steps.map { ($0, 1) }, uniquingKeysWith: +))
+    }
+
+    static func uncrashed() async throws -> (points: [String], outcome: Outcome) {
+        let folder = try TemporaryDirectory()
+        let result = try await run("hop-test-daemon", ["--db", folder.database], in: folder)
+        #expect(result.status == 0, "\(result.stderr)")
+        let points = result.stdout.split(separator: "\n").filter { $0.hasPrefix("point ") }.map { String($0.dropFirst(6)) }
+        return (points, try await outcome(folder))
+    }
+
+    @Test func killedAtEveryHopBoundaryTheFlowResumesToTheSameHistory() async throws {
+        let (points, reference) = try await Self.uncrashed()
+        #expect(reference.history == [
+            "hop splash", "unhop splash", "decision isFirstUse(onboarding)", "hop onboarding", "unhop onboarding",
+            "effect markUsed(onboarding)", "decision session", "hop login", "unhop login", "hop main", "unhop main", "complete ",
+        ])
+        #expect(reference.bodies == ["splash": 1, "onboarding": 1, "login": 1, "main": 1])
+        // Before and after each of the 12 commits.
+        #expect(points.count == 24)
+
+        for point in points {
+            let folder = try TemporaryDirectory()
+            let crashed = try ChildProcess(
+                "hop-test-daemon", ["--db", folder.database], environment: ["HOP_TEST_KILL_AT": point], directory: folder)
+            try await crashed.waitForExit()
+            #expect(crashed.wasSignalled && crashed.exitStatus == SIGKILL, "not killed at \(point): \(crashed.stdout)")
+
+            let before = try await Self.outcome(folder)
+            let unhopped = Set(before.history.filter { $0.hasPrefix("unhop ") }.map { String($0.dropFirst(6)) })
+            let hopped = Set(before.history.filter { $0.hasPrefix("hop ") }.map { String($0.dropFirst(4)) })
+            let inFlight = hopped.subtracting(unhopped)
+            #expect(inFlight.count <= 1, "at \(point)")
+
+            let resumed = try await run("hop-test-daemon", ["--db", folder.database], in: folder)
+            #expect(resumed.status == 0, "resume after \(point): \(resumed.stderr)")
+            #expect(resumed.stdout.contains("settled completed"), "resume after \(point): \(resumed.stdout)")
+
+            let after = try await Self.outcome(folder)
+            for step in ["splash", "onboarding", "login", "main"] {
+                let ranBefore = before.bodies[step, default: 0]
+                let ranAfter = after.bodies[step, default: 0]
+                if unhopped.contains(step) {
+                    #expect(ranAfter == ranBefore, "(a) completed step \(step) ran again after a kill at \(point)")
+                } else if inFlight.contains(step) {
+                    #expect(ranAfter <= ranBefore + 1, "(b) in-flight step \(step) ran more than once more after \(point)")
+                    #expect(ranAfter >= 1, "in-flight step \(step) never ran after \(point)")
+                } else {
+                    #expect(ranAfter == 1, "step \(step) ran \(ranAfter) times after a kill at \(point)")
+                }
+            }
+            #expect(after.history == reference.history, "(c) history after a kill at \(point)")
+            let store = try await HopStore.open(path: folder.database)
+            #expect(try await store.integrityCheck() == ["ok"], "(d) integrity after a kill at \(point)")
+        }
+    }
+}
