@@ -1,0 +1,64 @@
+import Foundation
+import HopEngine
+import HopStore
+import HopTestSupport
+import Logging
+import Synchronization
+
+/// The startup flow of the product, as the tests run it in process.
+func startupFlow(version: String = "1", transition: (@Sendable (Transition) async throws -> Void)? = nil) -> Flow {
+    Flow("startup", version: version, transition: transition) { flow in
+        try await flow.hop(to: "splash")
+        if try await flow.isFirstUse("onboarding") {
+            try await flow.hop(to: "onboarding")
+            try await flow.markUsed("onboarding")
+        }
+        if try await flow.session() == nil {
+            try await flow.hop(to: "login")
+        }
+        try await flow.hop(to: "main")
+    }
+}
+
+/// An engine over a fresh database with the startup flow; onboarding and login are external.
+func startupEngine(
+    _ folder: TemporaryDirectory, logger: Logger = Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() }),
+    flow: Flow = startupFlow()
+) async throws -> HopEngine {
+    let store = try await HopStore.open(path: folder.database)
+    let engine = HopEngine(store: store, logger: logger)
+    engine.register(flow)
+    engine.register(step: "splash") { _ in }
+    engine.register(step: "onboarding", .external)
+    engine.register(step: "login", .external(unhopWhen: .sessionStored))
+    engine.register(step: "main") { _ in }
+    return engine
+}
+
+/// The replayed entries of a run's history as "kind step" lines.
+func path(of runID: Int64, in store: HopStore) async throws -> [String] {
+    try await store.history(runID: runID).filter { $0.kind.isReplayed }.map { "\($0.kind.rawValue) \($0.step ?? "")" }
+}
+
+/// A log handler that keeps every message with its metadata, for tests that read logs.
+final class CapturedLogs: Sendable {
+    let lines = Mutex<[(level: Logger.Level, text: String)]>([])
+
+    func handler(label: String) -> LogHandler { Handler(logs: self) }
+
+    struct Handler: LogHandler {
+        let logs: CapturedLogs
+        var metadata: Logger.Metadata = [:]
+        var logLevel: Logger.Level = .trace
+
+        subscript(metadataKey key: String) -> Logger.Metadata.Value? {
+            get { metadata[key] }
+            set { metadata[key] = newValue }
+        }
+
+        func log(event: LogEvent) {
+            let all = metadata.merging(event.metadata ?? [:]) { $1 }
+            logs.lines.withLock { $0.append((event.level, "\(event.message) \(all)")) }
+        }
+    }
+}
