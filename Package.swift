@@ -59,7 +59,7 @@ let package = Package(
         ),
         .executableTarget(
             name: "hop-test-store",
-            dependencies: ["HopStore"],
+            dependencies: ["HopStore", "CSQLite"],
             path: "Tests/HopTestStore"
         ),
         .target(

@@ -1,18 +1,32 @@
+import CSQLite
 import Foundation
 import HopStore
 
 // Test helper: opens a Hop database in its own process, as a daemon or hopctl would.
 // Usage: hop-test-store migrate PATH    prints the schema version
 //        hop-test-store modes PATH      writes once, then prints the permission bits of the file, its -wal and -shm
+//        hop-test-store hold-lock PATH  takes the write lock, prints "locked", holds it until standard input closes
 // HOP_TEST_UMASK=<octal> sets the process's umask first.
 
 if let mask = ProcessInfo.processInfo.environment["HOP_TEST_UMASK"], let value = mode_t(mask, radix: 8) {
     umask(value)
 }
 let arguments = CommandLine.arguments
-guard arguments.count == 3, ["migrate", "modes"].contains(arguments[1]) else {
-    FileHandle.standardError.write(Data("usage: hop-test-store migrate|modes PATH\n".utf8))
+guard arguments.count == 3, ["migrate", "modes", "hold-lock"].contains(arguments[1]) else {
+    FileHandle.standardError.write(Data("usage: hop-test-store migrate|modes|hold-lock PATH\n".utf8))
     exit(64)
+}
+if arguments[1] == "hold-lock" {
+    var db: OpaquePointer?
+    guard sqlite3_open(arguments[2], &db) == SQLITE_OK, sqlite3_exec(db, "BEGIN IMMEDIATE", nil, nil, nil) == SQLITE_OK else {
+        FileHandle.standardError.write(Data("cannot take the write lock\n".utf8))
+        exit(1)
+    }
+    FileHandle.standardOutput.write(Data("locked\n".utf8))
+    _ = FileHandle.standardInput.readDataToEndOfFile()
+    sqlite3_exec(db, "ROLLBACK", nil, nil, nil)
+    sqlite3_close(db)
+    exit(0)
 }
 do {
     let path = arguments[2]

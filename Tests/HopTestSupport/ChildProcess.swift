@@ -12,7 +12,7 @@ public final class ChildProcess: Sendable {
     /// Starts `executable` (a path, or the name of a product built beside the tests).
     public init(
         _ executable: String, _ arguments: [String], environment: [String: String] = [:],
-        stdin: String? = nil, directory: TemporaryDirectory
+        stdin: String? = nil, keepInputOpen: Bool = false, directory: TemporaryDirectory
     ) throws {
         let path = executable.contains("/") ? executable : builtProduct(executable)
         self.executable = path
@@ -38,7 +38,15 @@ public final class ChildProcess: Sendable {
         }
         try process.run()
         if let stdin { input.fileHandleForWriting.write(Data(stdin.utf8)) }
-        try input.fileHandleForWriting.close()
+        self.input = input.fileHandleForWriting
+        if !keepInputOpen { try input.fileHandleForWriting.close() }
+    }
+
+    private let input: FileHandle
+
+    /// Closes the process's standard input (for a process started with `keepInputOpen`).
+    public func closeInput() {
+        try? input.close()
     }
 
     public var processIdentifier: Int32 { process.value.processIdentifier }

@@ -1,0 +1,59 @@
+import ArgumentParser
+import HopStore
+
+struct History: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "A run's hop history in order (the latest run of the flow for the subject by default).")
+
+    @OptionGroup var global: GlobalOptions
+    @OptionGroup var subjectOption: SubjectOption
+    @OptionGroup var output: OutputOptions
+
+    @Option(help: ArgumentHelp("The flow.", valueName: "flow"))
+    var flow: String
+
+    @Option(help: ArgumentHelp("A run id (see `hopctl status`) instead of the latest run.", valueName: "id"))
+    var run: Int64?
+
+    @Option(help: ArgumentHelp("Only the last N entries.", valueName: "n"))
+    var limit: Int?
+
+    func validate() throws {
+        try checkIdentifier(flow, as: "flow name")
+        if let limit, limit < 1 { throw ValidationError("--limit must be at least 1") }
+    }
+
+    func run() async throws {
+        let store = try await global.openForReading()
+        let subject = subjectOption.subject
+        let record: RunRecord?
+        if let run {
+            record = try await store.run(id: run)
+            if let record, record.flow != flow || record.subject != subject {
+                throw HopStoreError(
+                    .notFound, operation: "history", path: store.path,
+                    reason: "run \(run) belongs to flow '\(record.flow)' for subject '\(record.subject)', not '\(flow)' for '\(subject)'",
+                    hint: "Pass the matching --flow and --subject")
+            }
+        } else {
+            record = try await store.latestRun(flow: flow, subject: subject)
+        }
+        guard let record else {
+            throw HopStoreError(
+                .notFound, operation: "history", path: store.path,
+                reason: run.map { "there is no run \($0)" } ?? "there is no run of flow '\(flow)' for subject '\(subject)'",
+                hint: "List runs with `hopctl status`")
+        }
+        let entries = try await store.history(runID: record.id, limit: limit)
+        if output.json {
+            return try Output.json(
+                HistoryJSON(
+                    run: RunJSON(record),
+                    entries: entries.map { .init(seq: $0.seq, kind: $0.kind.rawValue, step: $0.step, value: $0.value, at: $0.at) }))
+        }
+        Output.line("run \(record.id) of \(Output.printable(flow)) for \(Output.printable(subject)): \(record.status.rawValue)")
+        Output.table(
+            ["SEQ", "KIND", "STEP", "VALUE", "AT"],
+            entries.map { ["\($0.seq)", $0.kind.rawValue, $0.step ?? "-", Output.abbreviated($0.value ?? ""), Output.relative($0.at)] })
+    }
+}

@@ -1,0 +1,115 @@
+import ArgumentParser
+import Foundation
+import HopStore
+
+struct SessionCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "session", abstract: "Stored user sessions.", subcommands: [Login.self, Logout.self, Show.self])
+
+    struct Login: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Store a session for USER; a run parked on a login step moves on.",
+            discussion: "The token is read from standard input with --token-stdin, or generated. It is never taken as an argument, which would leave it in shell history and `ps`.")
+
+        @OptionGroup var global: GlobalOptions
+        @OptionGroup var subjectOption: SubjectOption
+
+        @Argument(help: ArgumentHelp("The user id.", valueName: "user"))
+        var user: String
+
+        @Option(help: ArgumentHelp("How long the session lasts: 90s, 30m, 12h, 7d.", valueName: "duration"))
+        var expiresIn: String?
+
+        @Flag(help: "Read the session token from standard input (its trailing newline is dropped).")
+        var tokenStdin = false
+
+        func validate() throws {
+            try checkIdentifier(user, as: "user id")
+            if let expiresIn, DurationText.seconds(expiresIn) == nil {
+                throw ValidationError("--expires-in '\(expiresIn)' is not a duration: write a positive number followed by s, m, h or d (e.g. 12h)")
+            }
+        }
+
+        func run() async throws {
+            let token: String
+            if tokenStdin {
+                var text = String(decoding: FileHandle.standardInput.readDataToEndOfFile(), as: UTF8.self)
+                while text.hasSuffix("\n") || text.hasSuffix("\r") { text.removeLast() }
+                guard !text.isEmpty else { throw ValidationError("--token-stdin read no token from standard input") }
+                token = text
+            } else {
+                token = Token.random(byteCount: 32)
+            }
+            let expiresAt = expiresIn.flatMap(DurationText.seconds).map { Date().addingTimeInterval($0) }
+            let store = try await global.openForWriting()
+            let subject = subjectOption.subject
+            let woken = try await store.storeSession(subject: subject, userID: user, token: token, expiresAt: expiresAt)
+            var text = "stored session of \(Output.printable(user)) for \(Output.printable(subject)) (token \(StoredSession.redact(token)))"
+            if let expiresAt { text += ", expires \(Output.relative(expiresAt))" }
+            Output.line(text)
+            for run in woken { Output.line("run \(run) was waiting for a login: it moves on") }
+        }
+    }
+
+    struct Logout: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Remove the subject's stored session.")
+
+        @OptionGroup var global: GlobalOptions
+        @OptionGroup var subjectOption: SubjectOption
+
+        func run() async throws {
+            let store = try await global.openForWriting()
+            let subject = subjectOption.subject
+            if try await store.deleteSession(subject: subject) {
+                Output.line("logged out \(Output.printable(subject)): the next start goes through login")
+            } else {
+                Output.line("no session was stored for \(Output.printable(subject))")
+            }
+        }
+    }
+
+    struct Show: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "The subject's stored session; the token redacted unless --reveal-token.")
+
+        @OptionGroup var global: GlobalOptions
+        @OptionGroup var subjectOption: SubjectOption
+        @OptionGroup var output: OutputOptions
+
+        @Flag(help: "Show the session token itself.")
+        var revealToken = false
+
+        func run() async throws {
+            let store = try await global.openForReading()
+            let subject = subjectOption.subject
+            guard let session = try await store.session(subject: subject) else {
+                if output.json { return try Output.json(SessionJSON?.none) }
+                return Output.line("no session stored for \(Output.printable(subject))")
+            }
+            let token = revealToken ? session.token : StoredSession.redact(session.token)
+            if output.json {
+                return try Output.json(
+                    SessionJSON(
+                        subject: subject, userID: session.userID, token: token, tokenRedacted: !revealToken,
+                        createdAt: session.createdAt, expiresAt: session.expiresAt))
+            }
+            Output.table(
+                ["SUBJECT", "USER", "TOKEN", "CREATED", "EXPIRES"],
+                [[subject, session.userID, token, Output.relative(session.createdAt), session.expiresAt.map { Output.relative($0) } ?? "never"]])
+        }
+    }
+}
+
+/// Durations as operators type them: 90s, 30m, 12h, 7d (or plain seconds).
+enum DurationText {
+    static func seconds(_ text: String) -> TimeInterval? {
+        let units: [Character: Double] = ["s": 1, "m": 60, "h": 3600, "d": 86_400]
+        var number = Substring(text)
+        var unit = 1.0
+        if let last = text.last, let scale = units[last] {
+            number = number.dropLast()
+            unit = scale
+        }
+        guard let value = Double(number), value > 0, value.isFinite else { return nil }
+        return value * unit
+    }
+}

@@ -1,0 +1,122 @@
+import ArgumentParser
+import HopStore
+
+/// The flow and subject a steering command acts on.
+struct RunSelection: ParsableArguments {
+    @Option(help: ArgumentHelp("The flow.", valueName: "flow"))
+    var flow: String
+
+    @OptionGroup var subjectOption: SubjectOption
+
+    var subject: String { subjectOption.subject }
+
+    func validate() throws { try checkIdentifier(flow, as: "flow name") }
+}
+
+struct Unhop: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Finish the step the run is parked on, exactly once; a running daemon proceeds at once.")
+
+    @OptionGroup var global: GlobalOptions
+    @OptionGroup var selection: RunSelection
+
+    @Option(help: ArgumentHelp("The step's output, as JSON (e.g. '{\"accepted\": true}').", valueName: "json"))
+    var output: String?
+
+    func validate() throws {
+        if let output {
+            do {
+                try JSONText.validate(output, as: "--output value")
+            } catch let error as HopStoreError {
+                throw ValidationError("\(error.reason). \(error.hint ?? "")")
+            }
+        }
+    }
+
+    func run() async throws {
+        let store = try await global.openForWriting()
+        let (run, unhop) = try await store.unhopParked(flow: selection.flow, subject: selection.subject, output: output)
+        Output.line("unhopped \(Output.printable(unhop.step ?? "?")) of run \(run.id) (\(Output.printable(run.flow)) for \(Output.printable(run.subject))); the daemon moves the run on")
+    }
+}
+
+struct Cancel: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Cancel the run: it never advances again. Its history is kept.")
+
+    @OptionGroup var global: GlobalOptions
+    @OptionGroup var selection: RunSelection
+
+    func run() async throws {
+        let store = try await global.openForWriting()
+        let run = try await store.cancelRun(flow: selection.flow, subject: selection.subject, reason: "cancelled by hopctl")
+        Output.line("cancelled run \(run.id) (\(Output.printable(run.flow)) for \(Output.printable(run.subject)))")
+    }
+}
+
+struct Restart: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Start the flow over: a new run begins from the first step the next time the daemon runs it. The old run's history is kept.")
+
+    @OptionGroup var global: GlobalOptions
+    @OptionGroup var selection: RunSelection
+
+    func run() async throws {
+        let store = try await global.openForWriting()
+        let run = try await store.restartRun(flow: selection.flow, subject: selection.subject)
+        Output.line("run \(run.id) of \(Output.printable(run.flow)) for \(Output.printable(run.subject)) starts from the beginning; earlier runs are kept")
+    }
+}
+
+struct ResetFirstUse: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "reset-first-use",
+        abstract: "Make features first-use again, so the next start shows them (e.g. onboarding) again.")
+
+    @OptionGroup var global: GlobalOptions
+    @OptionGroup var subjectOption: SubjectOption
+
+    @Argument(help: ArgumentHelp("The features to reset.", valueName: "name"))
+    var features: [String] = []
+
+    @Flag(help: "Reset every feature of the subject.")
+    var all = false
+
+    func validate() throws {
+        if all && !features.isEmpty { throw ValidationError("name features or pass --all, not both") }
+        if !all && features.isEmpty { throw ValidationError("name the features to reset (e.g. onboarding), or pass --all") }
+        for feature in features { try checkIdentifier(feature, as: "feature name") }
+    }
+
+    func run() async throws {
+        let store = try await global.openForWriting()
+        let subject = subjectOption.subject
+        let count = all
+            ? try await store.resetAllFirstUse(subject: subject)
+            : try await store.resetFirstUse(subject: subject, features: features)
+        let what = all ? "every feature" : features.map(Output.printable).joined(separator: ", ")
+        Output.line("\(what) is first-use again for \(Output.printable(subject)) (\(count) flag\(count == 1 ? "" : "s") cleared)")
+    }
+}
+
+struct FirstUse: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "first-use", abstract: "First-use flags.", subcommands: [List.self])
+
+    struct List: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "The features the subject has used; any other is on its first use.")
+
+        @OptionGroup var global: GlobalOptions
+        @OptionGroup var subjectOption: SubjectOption
+        @OptionGroup var output: OutputOptions
+
+        func run() async throws {
+            let store = try await global.openForReading()
+            let subject = subjectOption.subject
+            let flags = try await store.firstUseFlags(subject: subject)
+            if output.json { return try Output.json(flags.map { FirstUseJSON(subject: subject, feature: $0.feature, usedAt: $0.usedAt) }) }
+            if flags.isEmpty { return Output.note("no feature used yet by \(subject): everything is on its first use") }
+            Output.table(["SUBJECT", "FEATURE", "USED"], flags.map { [subject, $0.feature, Output.relative($0.usedAt)] })
+        }
+    }
+}

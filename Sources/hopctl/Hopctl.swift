@@ -1,0 +1,19 @@
+import ArgumentParser
+import Foundation
+import HopStore
+
+@main
+struct Hopctl: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "hopctl",
+        abstract: "Inspect and steer Hop flows in a Hop database, beside a running daemon.",
+        discussion: """
+            The database is --db PATH, else $HOP_DB, else $XDG_STATE_HOME/hop/hop.sqlite, else ~/.local/state/hop/hop.sqlite.
+            Exit codes: 0 success, 64 usage error, 1 runtime error (message on standard error).
+            """,
+        subcommands: [
+            Migrate.self, Status.self, History.self, Unhop.self, Cancel.self, Restart.self, ResetFirstUse.self,
+            FirstUse.self, SessionCommand.self, Graph.self,
+        ]
+    )
+}

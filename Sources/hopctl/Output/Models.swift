@@ -1,0 +1,124 @@
+import Foundation
+import HopStore
+
+// The JSON that hopctl prints with --json. Field names are part of hopctl's contract (README, "hopctl --json").
+
+struct RunJSON: Encodable {
+    var run: Int64
+    var flow: String
+    var subject: String
+    var status: String
+    var currentStep: String?
+    var flowVersion: String
+    var createdAt: Date
+    var updatedAt: Date
+
+    init(_ run: RunRecord) {
+        self.run = run.id
+        flow = run.flow
+        subject = run.subject
+        status = run.status.rawValue
+        currentStep = run.currentStep
+        flowVersion = run.flowVersion
+        createdAt = run.createdAt
+        updatedAt = run.updatedAt
+    }
+
+    enum CodingKeys: String, CodingKey {
+        case run, flow, subject, status
+        case currentStep = "current_step"
+        case flowVersion = "flow_version"
+        case createdAt = "created_at"
+        case updatedAt = "updated_at"
+    }
+
+    func encode(to encoder: Encoder) throws {
+        var container = encoder.container(keyedBy: CodingKeys.self)
+        try container.encode(run, forKey: .run)
+        try container.encode(flow, forKey: .flow)
+        try container.encode(subject, forKey: .subject)
+        try container.encode(status, forKey: .status)
+        try container.encode(currentStep, forKey: .currentStep)
+        try container.encode(flowVersion, forKey: .flowVersion)
+        try container.encode(createdAt, forKey: .createdAt)
+        try container.encode(updatedAt, forKey: .updatedAt)
+    }
+}
+
+struct HistoryJSON: Encodable {
+    var run: RunJSON
+    var entries: [Entry]
+
+    struct Entry: Encodable {
+        var seq: Int64
+        var kind: String
+        var step: String?
+        var value: String?
+        var at: Date
+
+        func encode(to encoder: Encoder) throws {
+            var container = encoder.container(keyedBy: CodingKeys.self)
+            try container.encode(seq, forKey: .seq)
+            try container.encode(kind, forKey: .kind)
+            try container.encode(step, forKey: .step)
+            try container.encode(value, forKey: .value)
+            try container.encode(at, forKey: .at)
+        }
+
+        enum CodingKeys: String, CodingKey { case seq, kind, step, value, at }
+    }
+}
+
+struct SessionJSON: Encodable {
+    var subject: String
+    var userID: String
+    var token: String
+    var tokenRedacted: Bool
+    var createdAt: Date
+    var expiresAt: Date?
+
+    enum CodingKeys: String, CodingKey {
+        case subject
+        case userID = "user_id"
+        case token
+        case tokenRedacted = "token_redacted"
+        case createdAt = "created_at"
+        case expiresAt = "expires_at"
+    }
+
+    func encode(to encoder: Encoder) throws {
+        var container = encoder.container(keyedBy: CodingKeys.self)
+        try container.encode(subject, forKey: .subject)
+        try container.encode(userID, forKey: .userID)
+        try container.encode(token, forKey: .token)
+        try container.encode(tokenRedacted, forKey: .tokenRedacted)
+        try container.encode(createdAt, forKey: .createdAt)
+        try container.encode(expiresAt, forKey: .expiresAt)
+    }
+}
+
+struct FirstUseJSON: Encodable {
+    var subject: String
+    var feature: String
+    var usedAt: Date
+
+    enum CodingKeys: String, CodingKey {
+        case subject, feature
+        case usedAt = "used_at"
+    }
+}
+
+struct EdgeJSON: Encodable {
+    var from: String?
+    var to: String
+    var count: Int
+
+    func encode(to encoder: Encoder) throws {
+        var container = encoder.container(keyedBy: CodingKeys.self)
+        try container.encode(from, forKey: .from)
+        try container.encode(to, forKey: .to)
+        try container.encode(count, forKey: .count)
+    }
+
+    enum CodingKeys: String, CodingKey { case from, to, count }
+}

@@ -1,0 +1,87 @@
+import Foundation
+import HopStore
+import HopTestSupport
+import Testing
+
+@Suite struct BadInputTests {
+    @Test func usageErrorsExitWith64AndChangeNothing() async throws {
+        let folder = try TemporaryDirectory()
+        try await completedStartup(folder)
+        let cases: [[String]] = [
+            ["unhop", "--flow", "startup", "--output", "{not json"],
+            ["status", "--flow", String(repeating: "f", count: 10_000)],
+            ["history", "--flow", "start\u{1B}up"],
+            ["session", "login", "alice", "--expires-in", "soon"],
+            ["session", "login", "bad\nuser"],
+            ["history", "--flow", "startup", "--limit", "0"],
+            ["no-such-command"],
+        ]
+        for arguments in cases {
+            let result = try await hopctl(arguments, in: folder)
+            #expect(result.status == 64, "\(arguments.map { $0.prefix(40) }): \(result.stderr)")
+            #expect(!result.stderr.isEmpty)
+        }
+        let store = try await HopStore.open(path: folder.database)
+        #expect(try await store.session(subject: "default")?.userID == "alice")
+    }
+
+    @Test func unknownNamesAreRuntimeErrorsThatSayWhatToDo() async throws {
+        let folder = try TemporaryDirectory()
+        try await completedStartup(folder)
+        for arguments in [["history", "--flow", "nope"], ["cancel", "--flow", "startup", "--subject", "nobody"], ["history", "--flow", "startup", "--run", "99"]] {
+            let result = try await hopctl(arguments, in: folder)
+            #expect(result.status == 1, "\(arguments)")
+            #expect(result.stderr.contains(folder.database) && result.stderr.contains("hopctl status"), "\(result.stderr)")
+        }
+    }
+
+    @Test func aReadCommandOnAMissingDatabaseCreatesNothing() async throws {
+        let folder = try TemporaryDirectory()
+        for arguments in [["status"], ["history", "--flow", "startup"], ["session", "show"], ["first-use", "list"], ["unhop", "--flow", "startup"]] {
+            let result = try await hopctl(arguments, in: folder)
+            #expect(result.status == 1)
+            #expect(result.stderr.contains("no database exists"), "\(result.stderr)")
+        }
+        #expect(!FileManager.default.fileExists(atPath: folder.database))
+    }
+
+    @Test func aCorruptDatabaseIsReportedAndLeftAlone() async throws {
+        let folder = try TemporaryDirectory()
+        let garbage = Data(repeating: 0x5A, count: 4096)
+        try garbage.write(to: URL(fileURLWithPath: folder.database))
+        let result = try await hopctl(["status"], in: folder)
+        #expect(result.status == 1)
+        #expect(result.stderr.contains("not a Hop database or is damaged"))
+        #expect(FileManager.default.contents(atPath: folder.database) == garbage)
+    }
+
+    @Test func aDatabaseFromANewerHopIsRefused() async throws {
+        let folder = try TemporaryDirectory()
+        var newer = HopStore.Options()
+        newer.migrations.append(Migration(version: Migration.latestVersion + 1, name: "future", sql: "CREATE TABLE future (x)"))
+        _ = try await HopStore.open(path: folder.database, options: newer)
+        for arguments in [["status"], ["session", "logout"], ["migrate"]] {
+            let result = try await hopctl(arguments, in: folder)
+            #expect(result.status == 1)
+            #expect(result.stderr.contains("written by a newer Hop"), "\(result.stderr)")
+        }
+    }
+
+    @Test func aWriteWaitsForTheBusyTimeoutThenFailsClearlyWhileReadsGoOn() async throws {
+        let folder = try TemporaryDirectory()
+        try await completedStartup(folder)
+        let holder = try ChildProcess("hop-test-store", ["hold-lock", folder.database], keepInputOpen: true, directory: folder)
+        try await holder.waitForOutput("locked")
+
+        let write = try await hopctl(["session", "logout", "--busy-timeout", "200"], in: folder)
+        #expect(write.status == 1)
+        #expect(write.stderr.contains("database is busy"), "\(write.stderr)")
+        let read = try await hopctl(["status"], in: folder)
+        #expect(read.status == 0, "a read goes on beside a writer: \(read.stderr)")
+
+        holder.closeInput()
+        try await holder.waitForExit()
+        let store = try await HopStore.open(path: folder.database)
+        #expect(try await store.session(subject: "default") != nil, "the refused logout changed nothing")
+    }
+}

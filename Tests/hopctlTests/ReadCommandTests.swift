@@ -1,0 +1,107 @@
+import Foundation
+import HopStore
+import HopTestSupport
+import Testing
+
+@Suite struct ReadCommandTests {
+    @Test func migrateCreatesTheDatabaseAndPrintsTheSchemaVersion() async throws {
+        let folder = try TemporaryDirectory()
+        let first = try await hopctl(["migrate"], in: folder)
+        #expect(first.status == 0, "\(first.stderr)")
+        #expect(first.stdout.hasPrefix("schema version \(Migration.latestVersion) ("))
+        #expect(try await hopctl(["migrate"], in: folder).status == 0)
+        #expect(FileManager.default.fileExists(atPath: folder.database))
+    }
+
+    @Test func statusListsOneLinePerRunAsATableAndAsJSON() async throws {
+        let folder = try TemporaryDirectory()
+        try await completedStartup(folder)
+        let table = try await hopctl(["status"], in: folder)
+        #expect(table.status == 0)
+        let lines = table.stdout.split(separator: "\n")
+        #expect(lines.count == 2)
+        #expect(lines[0].split(separator: " ", omittingEmptySubsequences: true) == ["FLOW", "SUBJECT", "RUN", "STATUS", "STEP", "CHANGED"])
+        #expect(lines[1].contains("startup") && lines[1].contains("completed") && lines[1].contains("ago"))
+
+        let json = try #require(try await hopctlJSON(["status", "--flow", "startup", "--subject", "default"], in: folder) as? [[String: Any]])
+        #expect(json.count == 1)
+        #expect(Set(json[0].keys) == ["run", "flow", "subject", "status", "current_step", "flow_version", "created_at", "updated_at"])
+        #expect(json[0]["status"] as? String == "completed" && json[0]["flow"] as? String == "startup")
+        #expect(try await hopctlJSON(["status", "--subject", "nobody"], in: folder) as? [Any] != nil)
+    }
+
+    @Test func historyPrintsTheRunsEntriesInOrder() async throws {
+        let folder = try TemporaryDirectory()
+        try await completedStartup(folder)
+        let json = try #require(try await hopctlJSON(["history", "--flow", "startup"], in: folder) as? [String: Any])
+        let entries = try #require(json["entries"] as? [[String: Any]])
+        #expect(entries.compactMap { $0["seq"] as? Int } == Array(1...12))
+        #expect(entries.first?["kind"] as? String == "hop" && entries.first?["step"] as? String == "splash")
+        #expect(entries.last?["kind"] as? String == "complete")
+        #expect(Set(entries[0].keys) == ["seq", "kind", "step", "value", "at"])
+
+        let limited = try #require(try await hopctlJSON(["history", "--flow", "startup", "--limit", "2"], in: folder) as? [String: Any])
+        #expect((limited["entries"] as? [[String: Any]])?.compactMap { $0["seq"] as? Int } == [11, 12])
+        let byID = try await hopctl(["history", "--flow", "startup", "--run", "1"], in: folder)
+        #expect(byID.status == 0 && byID.stdout.contains("run 1 of startup for default: completed"))
+        let table = try await hopctl(["history", "--flow", "startup"], in: folder)
+        #expect(table.stdout.contains("markUsed(onboarding)"))
+    }
+
+    @Test func firstUseListAndSessionShowRedactTheTokenUnlessAsked() async throws {
+        let folder = try TemporaryDirectory()
+        try await completedStartup(folder)
+        let flags = try #require(try await hopctlJSON(["first-use", "list"], in: folder) as? [[String: Any]])
+        #expect(flags.map { $0["feature"] as? String } == ["onboarding"])
+
+        let shown = try await hopctl(["session", "show"], in: folder)
+        #expect(shown.status == 0 && shown.stdout.contains("alice"))
+        #expect(!shown.stdout.contains("token-of-alice"))
+        let json = try #require(try await hopctlJSON(["session", "show"], in: folder) as? [String: Any])
+        #expect(json["user_id"] as? String == "alice" && json["token_redacted"] as? Bool == true)
+        #expect(!(json["token"] as? String ?? "").contains("token-of-alice"))
+        let revealed = try await hopctl(["session", "show", "--reveal-token"], in: folder)
+        #expect(revealed.stdout.contains("token-of-alice"))
+    }
+
+    @Test func graphDrawsTheObservedHopsWithCounts() async throws {
+        let folder = try TemporaryDirectory()
+        try await completedStartup(folder)
+        try await completedStartup(folder)
+        let mermaid = try await hopctl(["graph", "--flow", "startup"], in: folder)
+        #expect(mermaid.status == 0)
+        #expect(mermaid.stdout.hasPrefix("flowchart LR"))
+        #expect(mermaid.stdout.contains("start -->|2| n1") && mermaid.stdout.contains("n1[\"splash\"]"))
+        let dot = try await hopctl(["graph", "--flow", "startup", "--format", "dot"], in: folder)
+        #expect(dot.stdout.contains("\"splash\" -> \"main\" [label=\"1\"];"))
+        #expect(dot.stdout.contains("\"splash\" -> \"onboarding\" [label=\"1\"];"))
+        let edges = try #require(try await hopctlJSON(["graph", "--flow", "startup"], in: folder) as? [[String: Any]])
+        #expect(edges.count == 5)
+    }
+
+    @Test func humanOutputCarriesNoControlCharacters() async throws {
+        let folder = try TemporaryDirectory()
+        let store = try await HopStore.open(path: folder.database)
+        let (run, _) = try await store.startRun(flow: "startup", subject: "default", version: "1")
+        try await store.recordHop(runID: run.id, step: "splash")
+        try await store.recordError(runID: run.id, step: "splash", message: "bad \u{1B}[31mred\u{07} text", final: true)
+        let result = try await hopctl(["history", "--flow", "startup"], in: folder)
+        #expect(result.status == 0)
+        #expect(!result.stdout.unicodeScalars.contains { $0.properties.generalCategory == .control && $0 != "\n" })
+        #expect(result.stdout.contains("\\u{1b}[31mred"))
+    }
+
+    @Test func everyCommandHasHelpAndCompletionScriptsAreGenerated() async throws {
+        let folder = try TemporaryDirectory()
+        for command in [
+            [], ["migrate"], ["status"], ["history"], ["unhop"], ["cancel"], ["restart"], ["reset-first-use"], ["first-use", "list"],
+            ["session", "login"], ["session", "logout"], ["session", "show"], ["graph"],
+        ] {
+            let result = try await run("hopctl", command + ["--help"], in: folder)
+            #expect(result.status == 0, "\(command)")
+            #expect(result.stdout.contains("USAGE: hopctl"), "\(command)")
+        }
+        let completion = try await run("hopctl", ["--generate-completion-script", "bash"], in: folder)
+        #expect(completion.status == 0 && completion.stdout.contains("hopctl"))
+    }
+}
