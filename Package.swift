@@ -8,6 +8,7 @@ let package = Package(
         .library(name: "HopStore", targets: ["HopStore"]),
         .library(name: "HopEngine", targets: ["HopEngine"]),
         .executable(name: "hopctl", targets: ["hopctl"]),
+        .executable(name: "hop-demo", targets: ["hop-demo"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
@@ -53,6 +54,16 @@ let package = Package(
             ]
         ),
         .executableTarget(
+            name: "hop-demo",
+            dependencies: [
+                "HopEngine",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            path: "Examples/StartupDaemon"
+        ),
+        .executableTarget(
             name: "hop-test-daemon",
             dependencies: ["HopEngine"],
             path: "Tests/HopTestDaemon"
@@ -77,6 +88,10 @@ let package = Package(
         .testTarget(
             name: "hopctlTests",
             dependencies: ["HopEngine", "HopTestSupport", "hopctl", "hop-test-daemon"]
+        ),
+        .testTarget(
+            name: "HopDemoTests",
+            dependencies: ["HopStore", "HopTestSupport", "hop-demo", "hopctl"]
         ),
     ],
     swiftLanguageModes: [.v6]

@@ -188,3 +188,17 @@ public actor HopEngine {
         return metadata
     }
 }
+
+extension HopEngine {
+    /// Stores the session of `subject` and moves on the subject's runs parked on a step that
+    /// waits for a login (``ExternalStep/external(unhopWhen:)`` with `.sessionStored`).
+    ///
+    /// Use this rather than ``HopStore/storeSession(subject:userID:token:expiresAt:)`` inside a
+    /// daemon: the engine does not watch its own writes, only other processes'.
+    public func storeSession(subject: String, userID: String, token: String, expiresAt: Date? = nil) async throws {
+        let woken = try await store.storeSession(subject: subject, userID: userID, token: token, expiresAt: expiresAt)
+        for runID in woken {
+            if let run = try await store.run(id: runID) { execute(run) }
+        }
+    }
+}

@@ -1,0 +1,54 @@
+import Foundation
+import HopEngine
+import HopStore
+
+/// Prints what the daemon does, one line per hop, with the decision that led there and the time since start.
+final class Narrator: Sendable {
+    private let started = ContinuousClock.now
+    private let hopctl: String
+
+    init(database: String, defaultDatabase: Bool) {
+        hopctl = defaultDatabase ? "hopctl" : "hopctl --db \(database)"
+    }
+
+    private var elapsed: String {
+        let duration = ContinuousClock.now - started
+        let seconds = Double(duration.components.seconds) + Double(duration.components.attoseconds) / 1e18
+        return String(format: "%6.2fs", seconds)
+    }
+
+    func say(_ text: String) {
+        FileHandle.standardOutput.write(Data("[\(elapsed)] \(text)\n".utf8))
+    }
+
+    func note(_ text: String) {
+        FileHandle.standardOutput.write(Data("          \(text)\n".utf8))
+    }
+
+    /// A committed history entry, as a line for people.
+    func recorded(_ event: HistoryEvent, subject: String) {
+        let step = event.step ?? ""
+        switch event.kind {
+        case .hop: say("hop    -> \(step)")
+        case .unhop: say("unhop  <- \(step)")
+        case .decision where step == "session":
+            let user = event.value.flatMap { try? JSONDecoder().decode(SessionInfo.self, from: Data($0.utf8)) }.map(\.userID)
+            say("stored session: \(user ?? "none")")
+        case .decision where step.hasPrefix("isFirstUse("):
+            let feature = step.dropFirst("isFirstUse(".count).dropLast()
+            say("first use of \(feature): \(event.value == "true" ? "yes" : "no")")
+        case .effect: say("recorded \(step)")
+        case .complete: say("run \(event.runID) completed")
+        default: say("\(event.kind.rawValue) \(step)")
+        }
+    }
+
+    /// What to type to finish a parked step.
+    func waiting(on step: String, subject: String) {
+        let subjectFlag = subject == "default" ? "" : " --subject \(subject)"
+        switch step {
+        case "login": note("waiting for a login: run `\(hopctl) session login alice\(subjectFlag)`")
+        default: note("waiting for \(step) to finish: run `\(hopctl) unhop --flow startup\(subjectFlag)`")
+        }
+    }
+}
