@@ -105,3 +105,15 @@ import Testing
         #expect(completion.status == 0 && completion.stdout.contains("hopctl"))
     }
 }
+
+@Suite struct PortableBinaryTests {
+    @Test func aCopiedHopctlCreatesAndUpgradesADatabaseWithoutItsBuildFolder() async throws {
+        let folder = try TemporaryDirectory()
+        let copy = folder.path("bin/hopctl")
+        try FileManager.default.createDirectory(atPath: folder.path("bin"), withIntermediateDirectories: true)
+        try FileManager.default.copyItem(atPath: builtProduct("hopctl"), toPath: copy)
+        let result = try await run(copy, ["migrate", "--db", folder.path("state/hop.sqlite")], in: folder)
+        #expect(result.status == 0, "\(result.stderr)")
+        #expect(result.stdout.hasPrefix("schema version \(Migration.latestVersion)"))
+    }
+}

@@ -23,15 +23,29 @@ extension HopStore {
     public func runs(flow: String? = nil, subject: String? = nil, limit: Int = 1000) throws -> [RunRecord] {
         if let flow { try validate(flow, as: "flow name") }
         if let subject { try validate(subject, as: "subject") }
+        // One statement per filter combination, so that SQLite can search the (flow, subject, id) index.
+        let filter: String
+        var arguments: [SQLValue] = []
+        switch (flow, subject) {
+        case let (flow?, subject?):
+            filter = "WHERE flow = ?2 AND subject = ?3"
+            arguments = [.text(flow), .text(subject)]
+        case let (flow?, nil):
+            filter = "WHERE flow = ?2"
+            arguments = [.text(flow)]
+        case let (nil, subject?):
+            filter = "WHERE subject = ?2"
+            arguments = [.text(subject)]
+        case (nil, nil):
+            filter = ""
+        }
         return try connection.query(
             """
             SELECT \(RunRecord.columns) FROM runs
-            WHERE id IN (SELECT max(id) FROM runs
-                         WHERE (?1 IS NULL OR flow = ?1) AND (?2 IS NULL OR subject = ?2)
-                         GROUP BY flow, subject)
-            ORDER BY flow, subject LIMIT ?3
+            WHERE id IN (SELECT max(id) FROM runs \(filter) GROUP BY flow, subject)
+            ORDER BY flow, subject LIMIT ?1
             """,
-            [.optional(flow), .optional(subject), .integer(Int64(limit))], operation: "list runs", RunRecord.init(row:))
+            [.integer(Int64(limit))] + arguments, operation: "list runs", RunRecord.init(row:))
     }
 
     /// Every run of `flow` for `subject`, oldest first.
