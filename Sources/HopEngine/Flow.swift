@@ -41,18 +41,25 @@ public struct Flow: Sendable {
 /// A hop about to happen: the seed's custom transition block (from, to, completion).
 /// The hop is recorded as entered only once the transition hook returns.
 public struct Transition: Sendable {
+    /// The flow name.
     public let flow: String
+    /// Whom the run is for.
     public let subject: String
+    /// The run id.
     public let runID: Int64
     /// The step the run last entered, `nil` at the start of the run.
     public let from: String?
+    /// The step about to be entered.
     public let to: String
 }
 
 /// What a flow knows about a stored session, as recorded in history: never the token.
 public struct SessionInfo: Sendable, Codable, Equatable {
+    /// The user the session belongs to.
     public var userID: String
+    /// When the session was stored.
     public var createdAt: Date
+    /// When it stops counting as stored; `nil` for never.
     public var expiresAt: Date?
 }
 

@@ -8,8 +8,11 @@ import Synchronization
 /// again (after a crash or an external unhop), calls already in the history return their
 /// recorded result without doing their work again.
 public final class FlowRun: Sendable {
+    /// The flow name.
     public let flow: String
+    /// Whom the run is for.
     public let subject: String
+    /// The run id, as `hopctl status` shows it.
     public let runID: Int64
     /// The flow version the run was started with.
     public let startedVersion: String

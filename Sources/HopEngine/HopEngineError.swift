@@ -1,5 +1,6 @@
 /// An error of the engine itself. Failures of the database arrive as `HopStoreError`.
 public struct HopEngineError: Error, Sendable, CustomStringConvertible {
+    /// What went wrong, for callers to match on.
     public enum Kind: Sendable, Equatable {
         /// No flow or step is registered under the name.
         case notRegistered
@@ -13,6 +14,7 @@ public struct HopEngineError: Error, Sendable, CustomStringConvertible {
         case encoding
     }
 
+    /// What went wrong.
     public var kind: Kind
     /// What is wrong and what to do, in sentences.
     public var message: String
@@ -22,6 +24,7 @@ public struct HopEngineError: Error, Sendable, CustomStringConvertible {
         self.message = message
     }
 
+    /// The message.
     public var description: String { message }
 }
 

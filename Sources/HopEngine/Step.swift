@@ -22,6 +22,7 @@ public struct RetryPolicy: Sendable, Equatable {
     public var maxAttempts: Int
     /// Wait before the second try; doubled for each further try, up to `maxBackoff`.
     public var initialBackoff: Duration
+    /// The longest wait between two tries.
     public var maxBackoff: Duration
 
     public init(maxAttempts: Int, initialBackoff: Duration = .milliseconds(100), maxBackoff: Duration = .seconds(30)) {
@@ -55,9 +56,13 @@ public struct ExternalStep: Sendable {
 /// What a step sees of its run (the seed's `hoppingViewController` accessor): who it runs
 /// for, the run's stored state, and ``unhop()``.
 public struct StepContext: Sendable {
+    /// The flow name.
     public let flow: String
+    /// Whom the run is for.
     public let subject: String
+    /// The run id.
     public let runID: Int64
+    /// This step's name.
     public let step: String
     /// The hop's token; an unhop must present it.
     public let token: String

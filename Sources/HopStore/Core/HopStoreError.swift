@@ -59,6 +59,7 @@ public struct HopStoreError: Error, Sendable, CustomStringConvertible {
         self.sqliteMessage = sqliteMessage
     }
 
+    /// What failed, where, why, and what to do, in one message.
     public var description: String {
         var text = "\(operation) failed (database \(path)): \(reason)"
         if let sqliteMessage, let resultCode {

@@ -38,9 +38,11 @@ public enum HistoryKind: String, Sendable, Codable, CaseIterable {
 
 /// One entry of a run's append-only hop history.
 public struct HistoryEvent: Sendable, Equatable, Codable {
+    /// The run the entry belongs to.
     public var runID: Int64
     /// 1, 2, 3… within the run.
     public var seq: Int64
+    /// What the entry records.
     public var kind: HistoryKind
     /// The step (hop, unhop, transition, error) or the decision or effect name.
     public var step: String?
@@ -48,6 +50,7 @@ public struct HistoryEvent: Sendable, Equatable, Codable {
     public var token: String?
     /// JSON: an unhop's output or a decision's value; plain text for errors and notes.
     public var value: String?
+    /// When it was committed.
     public var at: Date
 }
 

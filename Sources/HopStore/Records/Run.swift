@@ -21,10 +21,15 @@ public enum RunStatus: String, Sendable, Codable, CaseIterable {
 
 /// One run of a flow for a subject.
 public struct RunRecord: Sendable, Equatable, Codable {
+    /// The run id, unique in the database.
     public var id: Int64
+    /// The flow name.
     public var flow: String
+    /// Whom the run is for (a device, a user; "default").
     public var subject: String
+    /// The version of the flow code that started the run.
     public var flowVersion: String
+    /// Where the run stands.
     public var status: RunStatus
     /// The step in flight (entered, not yet unhopped), or the step that failed.
     public var currentStep: String?
@@ -34,8 +39,11 @@ public struct RunRecord: Sendable, Equatable, Codable {
     public var wakeOn: WakeCondition?
     /// The engine that executes the run, if one holds it.
     public var owner: String?
+    /// Until when `owner` holds the run.
     public var leaseExpiresAt: Date?
+    /// When the run was started.
     public var createdAt: Date
+    /// When the run last changed.
     public var updatedAt: Date
 }
 

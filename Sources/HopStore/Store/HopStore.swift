@@ -49,6 +49,7 @@ public actor HopStore {
     }
 
     private nonisolated let executor: StoreExecutor
+    /// The store's own thread, where all its SQLite work runs.
     public nonisolated var unownedExecutor: UnownedSerialExecutor { executor.asUnownedSerialExecutor() }
 
     let connection: Connection
