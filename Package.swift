@@ -79,7 +79,7 @@ let package = Package(
         ),
         .testTarget(
             name: "HopStoreTests",
-            dependencies: ["HopStore", "HopTestSupport", "hop-test-store"]
+            dependencies: ["HopStore", "CSQLite", "HopTestSupport", "hop-test-store"]
         ),
         .testTarget(
             name: "HopEngineTests",

@@ -1,3 +1,4 @@
+import CSQLite
 import Foundation
 import HopTestSupport
 import Testing
@@ -38,15 +39,30 @@ import Testing
         old.migrations = Array(Migration.all.prefix(version))
         let before = try await HopStore.open(path: folder.database, options: old)
         #expect(before.schemaVersion == version)
-        let (run, _) = try await before.startRun(flow: "startup", subject: "kiosk-7", version: "1")
-        try await before.recordHop(runID: run.id, step: "splash")
+        // Rows as that version's schema holds them, written with SQL of that time.
+        try rawSQL(folder.database, """
+            INSERT INTO runs (id, flow, subject, flow_version, status, current_step, current_token, created_at, updated_at)
+                VALUES (7, 'startup', 'kiosk-7', '1', 'running', 'splash', 'tok', 1, 1);
+            INSERT INTO history (run_id, seq, kind, step, token, value, at) VALUES (7, 1, 'hop', 'splash', 'tok', NULL, 1);
+            """)
+        let run = (id: Int64(7), ())
 
         let after = try await HopStore.open(path: folder.database)
         #expect(after.schemaVersion == Migration.latestVersion)
         #expect(try await after.history(runID: run.id).map(\.step) == ["splash"])
+        #expect(try await after.run(id: run.id)?.currentStep == "splash")
+        try await after.recordUnhop(runID: run.id, token: "tok")
         try await after.markUsed(subject: "kiosk-7", feature: "onboarding")
         #expect(try await after.isFirstUse(subject: "kiosk-7", feature: "onboarding") == false)
         #expect(try await after.integrityCheck() == ["ok"])
+    }
+
+    private func rawSQL(_ path: String, _ sql: String) throws {
+        var db: OpaquePointer?
+        defer { sqlite3_close(db) }
+        guard sqlite3_open(path, &db) == SQLITE_OK, sqlite3_exec(db, sql, nil, nil, nil) == SQLITE_OK else {
+            throw TestFailure("raw SQL failed: \(String(cString: sqlite3_errmsg(db)))")
+        }
     }
 
     @Test func databaseFromANewerHopIsRefusedAndLeftUnchanged() async throws {

@@ -34,9 +34,9 @@ import Testing
         #expect(try await store.session(subject: "default") == nil)
         try await store.storeSession(subject: "default", userID: "bob", token: "t", expiresAt: Date().addingTimeInterval(3600))
         #expect(try await store.session(subject: "default")?.userID == "bob")
-        #expect(try await store.deleteSession(subject: "default"))
+        #expect(try await store.deleteSession(subject: "default").removed)
         #expect(try await store.session(subject: "default") == nil)
-        #expect(try await store.deleteSession(subject: "default") == false)
+        #expect(try await store.deleteSession(subject: "default").removed == false)
     }
 
     @Test func storingASessionUnhopsARunParkedOnLoginInTheSameTransaction() async throws {

@@ -6,6 +6,12 @@ public enum HistoryKind: String, Sendable, Codable, CaseIterable {
     case hop
     /// The step in flight finished, with an optional JSON output.
     case unhop
+    /// The step in flight was ended by its deadline.
+    case timeout
+    /// The step in flight was ended by a change of stored state (e.g. a logout), sending the run on another path.
+    case reroute
+    /// A durable sleep; its value is the deadline in milliseconds since the Unix epoch.
+    case timer
     /// A condition was read; its JSON value is replayed on resume.
     case decision
     /// A change the flow made to stored state (e.g. marking a feature used), applied exactly once.
@@ -24,13 +30,14 @@ public enum HistoryKind: String, Sendable, Codable, CaseIterable {
     case fail
     /// The flow code no longer matches the history.
     case diverge
-    /// A change of stored state sent the run on another path.
-    case reroute
+
+    /// Whether the entry ends the step in flight (an unhop, a timeout or a re-route).
+    public var endsStep: Bool { self == .unhop || self == .timeout || self == .reroute }
 
     /// Whether replay matches this entry against the flow code (the rest is commentary).
     public var isReplayed: Bool {
         switch self {
-        case .hop, .unhop, .decision, .effect: true
+        case .hop, .unhop, .timeout, .reroute, .decision, .effect, .timer: true
         default: false
         }
     }

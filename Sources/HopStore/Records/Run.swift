@@ -41,6 +41,8 @@ public struct RunRecord: Sendable, Equatable, Codable {
     public var owner: String?
     /// Until when `owner` holds the run.
     public var leaseExpiresAt: Date?
+    /// For a parked step with a timeout: when it times out.
+    public var wakeAt: Date?
     /// When the run was started.
     public var createdAt: Date
     /// When the run last changed.
@@ -51,10 +53,14 @@ public struct RunRecord: Sendable, Equatable, Codable {
 public enum WakeCondition: String, Sendable, Codable {
     /// Storing a session for the run's subject unhops the step (a login step).
     case sessionStored = "session-stored"
+    /// Removing the session of the run's subject (a logout) ends the step with a re-route
+    /// (e.g. a main step, so that the flow goes back through login).
+    case sessionRemoved = "session-removed"
 }
 
 extension RunRecord {
-    static let columns = "id, flow, subject, flow_version, status, current_step, current_token, wake_on, owner, lease_expires_at, created_at, updated_at"
+    static let columns =
+        "id, flow, subject, flow_version, status, current_step, current_token, wake_on, owner, lease_expires_at, created_at, updated_at, wake_at"
 
     init(row: Row) {
         id = row.int64(0)
@@ -69,5 +75,6 @@ extension RunRecord {
         leaseExpiresAt = row.optionalInt64(9).map(Clock.date)
         createdAt = Clock.date(row.int64(10))
         updatedAt = Clock.date(row.int64(11))
+        wakeAt = row.optionalInt64(12).map(Clock.date)
     }
 }

@@ -158,30 +158,39 @@ extension HopStore {
     // MARK: Recording what a run does
 
     /// Records that run `runID` entered `step`, after an optional transition from `from`, and
-    /// returns the hop entry with its fresh token. A parking step leaves the run `parked`.
+    /// returns the hop entry with its fresh token. A parking step leaves the run `parked` and
+    /// releases its lease; with a `deadline`, the step times out then (stored with the hop).
+    ///
+    /// - Parameter owner: the engine executing the run; the hop is refused when another engine holds it.
     @discardableResult
     public func recordHop(
-        runID: Int64, step: String, from: String? = nil, parks: Bool = false, wakeOn: WakeCondition? = nil
+        runID: Int64, step: String, from: String? = nil, parks: Bool = false, wakeOn: WakeCondition? = nil,
+        deadline: Date? = nil, owner: String? = nil
     ) throws -> HistoryEvent {
         try validate(step, as: "step name")
         let operation = "hop run \(runID) to \(step)"
         return try connection.write(operation) {
-            let run = try requireUnfinished(runID, operation: operation)
+            let run = try requireRunning(runID, owner: owner, operation: operation)
             if let inFlight = run.currentStep, run.currentToken != nil {
                 throw refuse(.refused, operation, "step '\(inFlight)' is still in flight; it must unhop first")
-            }
-            guard run.status == .running else {
-                throw refuse(.refused, operation, "the run is \(run.status.rawValue)")
             }
             if let from {
                 try append(runID: runID, .transition, step: step, value: from, operation: operation)
             }
             let token = Token.random()
-            let event = try append(runID: runID, .hop, step: step, token: token, operation: operation)
+            let deadlineValue = deadline.map { #"{"deadline":\#(Clock.milliseconds($0))}"# }
+            let event = try append(runID: runID, .hop, step: step, token: token, value: deadlineValue, operation: operation)
             try connection.run(
-                "UPDATE runs SET current_step = ?2, current_token = ?3, status = ?4, wake_on = ?5, updated_at = ?6 WHERE id = ?1",
+                """
+                UPDATE runs SET current_step = ?2, current_token = ?3, status = ?4, wake_on = ?5, wake_at = ?6,
+                    owner = CASE WHEN ?7 THEN NULL ELSE owner END,
+                    lease_expires_at = CASE WHEN ?7 THEN NULL ELSE lease_expires_at END,
+                    updated_at = ?8
+                WHERE id = ?1
+                """,
                 [.integer(runID), .text(step), .text(token), .text(parks ? RunStatus.parked.rawValue : RunStatus.running.rawValue),
-                 .optional(wakeOn?.rawValue), .integer(Clock.nowMilliseconds())],
+                 .optional(parks ? wakeOn?.rawValue : nil), .optional(parks ? deadline.map(Clock.milliseconds) : nil),
+                 .integer(parks ? 1 : 0), .integer(Clock.nowMilliseconds())],
                 operation: operation)
             return event
         }
@@ -189,16 +198,29 @@ extension HopStore {
 
     /// Finishes the step in flight of run `runID`, exactly once.
     ///
-    /// - Parameter output: the step's output as JSON text, or `nil`.
+    /// - Parameters:
+    ///   - output: the step's output as JSON text, or `nil`.
+    ///   - owner: the engine executing the run (for an in-process step); `nil` for an unhop from outside.
     /// - Throws: `.refused`, changing nothing, when the token is stale or unknown, the step
     ///   already unhopped, or the run is finished; `.invalidInput` when `output` is not JSON.
     @discardableResult
-    public func recordUnhop(runID: Int64, token: String, output: String? = nil) throws -> HistoryEvent {
+    public func recordUnhop(runID: Int64, token: String, output: String? = nil, owner: String? = nil) throws -> HistoryEvent {
         let operation = "unhop run \(runID)"
         if let output { try JSONText.validate(output, as: "step output", path: path) }
         return try connection.write(operation) {
-            let run = try requireUnfinished(runID, operation: operation)
-            return try unhopLocked(run, token: token, output: output, operation: operation)
+            let run = try requireUnfinished(runID, owner: owner, operation: operation)
+            return try endStepLocked(run, token: token, kind: .unhop, value: output, operation: operation)
+        }
+    }
+
+    /// Ends the step in flight of run `runID` because its deadline passed, exactly once
+    /// (a racing unhop and timeout: the first to commit wins, the other is refused).
+    @discardableResult
+    public func recordTimeout(runID: Int64, token: String, owner: String? = nil) throws -> HistoryEvent {
+        let operation = "time out run \(runID)"
+        return try connection.write(operation) {
+            let run = try requireUnfinished(runID, owner: owner, operation: operation)
+            return try endStepLocked(run, token: token, kind: .timeout, value: nil, operation: operation)
         }
     }
 
@@ -219,30 +241,41 @@ extension HopStore {
                     ?? "run \(run.id) has no step in flight"
                 throw refuse(.refused, operation, reason, hint: "Check `hopctl status --flow \(flow) --subject \(subject)`")
             }
-            let event = try unhopLocked(run, token: token, output: output, operation: operation)
+            let event = try endStepLocked(run, token: token, kind: .unhop, value: output, operation: operation)
             return (try requireRun(run.id, operation: operation), event)
         }
     }
 
     /// Records the value a condition had when the run read it; replay returns it again.
     @discardableResult
-    public func recordDecision(runID: Int64, name: String, value: String) throws -> HistoryEvent {
+    public func recordDecision(runID: Int64, name: String, value: String, owner: String? = nil) throws -> HistoryEvent {
         try validate(name, as: "decision name")
         try JSONText.validate(value, as: "decision value", path: path)
         let operation = "record decision \(name) of run \(runID)"
         return try connection.write(operation) {
-            _ = try requireRunning(runID, operation: operation)
+            _ = try requireRunning(runID, owner: owner, operation: operation)
             return try append(runID: runID, .decision, step: name, value: value, operation: operation)
+        }
+    }
+
+    /// Records a durable sleep of run `runID` until `deadline`; replay sleeps until the same deadline.
+    @discardableResult
+    public func recordTimer(runID: Int64, name: String, deadline: Date, owner: String? = nil) throws -> HistoryEvent {
+        try validate(name, as: "timer name")
+        let operation = "record timer \(name) of run \(runID)"
+        return try connection.write(operation) {
+            _ = try requireRunning(runID, owner: owner, operation: operation)
+            return try append(runID: runID, .timer, step: name, value: "\(Clock.milliseconds(deadline))", operation: operation)
         }
     }
 
     /// Marks `feature` used by the run's subject and records it in the run's history, in one transaction.
     @discardableResult
-    public func markUsed(runID: Int64, feature: String) throws -> HistoryEvent {
+    public func markUsed(runID: Int64, feature: String, owner: String? = nil) throws -> HistoryEvent {
         try validate(feature, as: "feature name")
         let operation = "mark \(feature) used by run \(runID)"
         return try connection.write(operation) {
-            let run = try requireRunning(runID, operation: operation)
+            let run = try requireRunning(runID, owner: owner, operation: operation)
             try connection.run(
                 "INSERT INTO first_use (subject, feature, used_at) VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",
                 [.text(run.subject), .text(feature), .integer(Clock.nowMilliseconds())], operation: operation)
@@ -255,26 +288,22 @@ extension HopStore {
 
     /// Records that `step` threw. With `final`, the run is marked failed.
     @discardableResult
-    public func recordError(runID: Int64, step: String?, message: String, final: Bool) throws -> HistoryEvent {
+    public func recordError(runID: Int64, step: String?, message: String, final: Bool, owner: String? = nil) throws -> HistoryEvent {
         let operation = "record error of run \(runID)"
         return try connection.write(operation) {
-            _ = try requireUnfinished(runID, operation: operation)
+            _ = try requireUnfinished(runID, owner: owner, operation: operation)
             let event = try append(runID: runID, final ? .fail : .error, step: step, value: message, operation: operation)
-            if final {
-                try connection.run(
-                    "UPDATE runs SET status = 'failed', current_token = NULL, wake_on = NULL, updated_at = ?2 WHERE id = ?1",
-                    [.integer(runID), .integer(Clock.nowMilliseconds())], operation: operation)
-            }
+            if final { try setStatus(runID, .failed, operation: operation) }
             return event
         }
     }
 
     /// Records that the flow body of run `runID` returned: the run is completed.
     @discardableResult
-    public func completeRun(runID: Int64) throws -> HistoryEvent {
+    public func completeRun(runID: Int64, owner: String? = nil) throws -> HistoryEvent {
         let operation = "complete run \(runID)"
         return try connection.write(operation) {
-            _ = try requireRunning(runID, operation: operation)
+            _ = try requireRunning(runID, owner: owner, operation: operation)
             let event = try append(runID: runID, .complete, operation: operation)
             try setStatus(runID, .completed, operation: operation)
             return event
@@ -283,28 +312,28 @@ extension HopStore {
 
     /// Marks run `runID` diverged: the flow code asked for another path than its history.
     @discardableResult
-    public func divergeRun(runID: Int64, step: String?, message: String) throws -> HistoryEvent {
+    public func divergeRun(runID: Int64, step: String?, message: String, owner: String? = nil) throws -> HistoryEvent {
         let operation = "mark run \(runID) diverged"
         return try connection.write(operation) {
-            _ = try requireUnfinished(runID, operation: operation)
+            _ = try requireUnfinished(runID, owner: owner, operation: operation)
             let event = try append(runID: runID, .diverge, step: step, value: message, operation: operation)
-            try connection.run(
-                "UPDATE runs SET status = 'diverged', current_token = NULL, wake_on = NULL, updated_at = ?2 WHERE id = ?1",
-                [.integer(runID), .integer(Clock.nowMilliseconds())], operation: operation)
+            try setStatus(runID, .diverged, operation: operation)
             return event
         }
     }
 
     // MARK: Inside a transaction
 
+    /// Ends the step in flight of `run` with an unhop, a timeout or a re-route, if `token` is its token.
     @discardableResult
-    func unhopLocked(_ run: RunRecord, token: String, output: String?, operation: String) throws -> HistoryEvent {
+    func endStepLocked(_ run: RunRecord, token: String, kind: HistoryKind, value: String?, operation: String) throws -> HistoryEvent {
         guard let step = run.currentStep, let current = run.currentToken, current == token else {
             let earlier = try connection.queryOne(
-                "SELECT step FROM history WHERE run_id = ?1 AND kind = 'unhop' AND token = ?2",
-                [.integer(run.id), .text(token)], operation: operation) { $0.text(0) }
+                "SELECT step, kind FROM history WHERE run_id = ?1 AND kind IN ('unhop', 'timeout', 'reroute') AND token = ?2",
+                [.integer(run.id), .text(token)], operation: operation) { ($0.text(0), $0.text(1)) }
             if let earlier {
-                throw refuse(.refused, operation, "step '\(earlier)' of run \(run.id) has already unhopped; a hop unhops once")
+                let how = earlier.1 == "unhop" ? "has already unhopped" : "has already ended (\(earlier.1))"
+                throw refuse(.refused, operation, "step '\(earlier.0)' of run \(run.id) \(how); a hop ends once")
             }
             if run.currentToken == nil {
                 throw refuse(.refused, operation, "run \(run.id) has no step in flight")
@@ -313,9 +342,13 @@ extension HopStore {
                 .refused, operation, "the token is stale or unknown: it is not the token of step '\(run.currentStep ?? "?")' in flight",
                 hint: "Read the current token again (`hopctl status`) and retry")
         }
-        let event = try append(runID: run.id, .unhop, step: step, token: token, value: output, operation: operation)
+        let event = try append(runID: run.id, kind, step: step, token: token, value: value, operation: operation)
         try connection.run(
-            "UPDATE runs SET current_step = NULL, current_token = NULL, wake_on = NULL, status = 'running', updated_at = ?2 WHERE id = ?1",
+            """
+            UPDATE runs SET current_step = NULL, current_token = NULL, wake_on = NULL, wake_at = NULL, status = 'running',
+                updated_at = ?2
+            WHERE id = ?1
+            """,
             [.integer(run.id), .integer(Clock.nowMilliseconds())], operation: operation)
         return event
     }
@@ -335,9 +368,14 @@ extension HopStore {
         return HistoryEvent(runID: runID, seq: seq + 1, kind: kind, step: step, token: token, value: value, at: Clock.date(now))
     }
 
+    /// Ends the run with `status`: no token, no wake-up, no owner.
     func setStatus(_ runID: Int64, _ status: RunStatus, operation: String) throws {
         try connection.run(
-            "UPDATE runs SET status = ?2, current_token = NULL, wake_on = NULL, updated_at = ?3 WHERE id = ?1",
+            """
+            UPDATE runs SET status = ?2, current_token = NULL, wake_on = NULL, wake_at = NULL, owner = NULL,
+                lease_expires_at = NULL, updated_at = ?3
+            WHERE id = ?1
+            """,
             [.integer(runID), .text(status.rawValue), .integer(Clock.nowMilliseconds())], operation: operation)
     }
 
@@ -367,18 +405,23 @@ extension HopStore {
         return run
     }
 
-    private func requireUnfinished(_ runID: Int64, operation: String) throws -> RunRecord {
+    private func requireUnfinished(_ runID: Int64, owner: String? = nil, operation: String) throws -> RunRecord {
         let run = try requireRun(runID, operation: operation)
         guard run.status.isUnfinished else {
             throw refuse(
                 .refused, operation, "run \(runID) of \(run.flow) for \(run.subject) is \(run.status.rawValue) and no longer advances",
                 hint: "Start it over with `hopctl restart --flow \(run.flow) --subject \(run.subject)`")
         }
+        if let owner, let holder = run.owner, holder != owner {
+            throw refuse(
+                .refused, operation, "run \(runID) is held by another engine (\(holder)); this engine no longer executes it",
+                hint: "Nothing to do: the other engine carries the run on")
+        }
         return run
     }
 
-    private func requireRunning(_ runID: Int64, operation: String) throws -> RunRecord {
-        let run = try requireUnfinished(runID, operation: operation)
+    private func requireRunning(_ runID: Int64, owner: String? = nil, operation: String) throws -> RunRecord {
+        let run = try requireUnfinished(runID, owner: owner, operation: operation)
         guard run.status == .running else {
             throw refuse(.refused, operation, "run \(runID) is \(run.status.rawValue)")
         }

@@ -86,7 +86,7 @@ extension HopStore {
                 [.text(subject), .text(WakeCondition.sessionStored.rawValue)], operation: operation, RunRecord.init(row:))
             for run in waiting {
                 guard let token = run.currentToken else { continue }
-                try unhopLocked(run, token: token, output: output, operation: operation)
+                try endStepLocked(run, token: token, kind: .unhop, value: output, operation: operation)
             }
             return waiting.map(\.id)
         }
@@ -108,12 +108,25 @@ extension HopStore {
         }
     }
 
-    /// Removes the session of `subject`; returns whether one was stored.
+    /// Removes the session of `subject` (a logout), and in the same transaction ends with a
+    /// re-route the subject's parked steps that last only while a session is stored
+    /// (``WakeCondition/sessionRemoved``).
+    ///
+    /// - Returns: whether a session was stored, and the ids of the runs it re-routed.
     @discardableResult
-    public func deleteSession(subject: String) throws -> Bool {
+    public func deleteSession(subject: String) throws -> (removed: Bool, rerouted: [Int64]) {
         try validate(subject, as: "subject")
-        return try connection.write("delete session of \(subject)") {
-            try connection.run("DELETE FROM sessions WHERE subject = ?1", [.text(subject)], operation: "delete session of \(subject)") > 0
+        let operation = "delete session of \(subject)"
+        return try connection.write(operation) {
+            let removed = try connection.run("DELETE FROM sessions WHERE subject = ?1", [.text(subject)], operation: operation) > 0
+            let waiting = try connection.query(
+                "SELECT \(RunRecord.columns) FROM runs WHERE subject = ?1 AND status = 'parked' AND wake_on = ?2",
+                [.text(subject), .text(WakeCondition.sessionRemoved.rawValue)], operation: operation, RunRecord.init(row:))
+            for run in waiting {
+                guard let token = run.currentToken else { continue }
+                try endStepLocked(run, token: token, kind: .reroute, value: #"{"reason":"session-removed"}"#, operation: operation)
+            }
+            return (removed, waiting.map(\.id))
         }
     }
 

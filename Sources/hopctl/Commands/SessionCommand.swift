@@ -60,11 +60,13 @@ struct SessionCommand: AsyncParsableCommand {
         func run() async throws {
             let store = try await global.openForWriting()
             let subject = subjectOption.subject
-            if try await store.deleteSession(subject: subject) {
+            let (removed, rerouted) = try await store.deleteSession(subject: subject)
+            if removed {
                 Output.line("logged out \(Output.printable(subject)): the next start goes through login")
             } else {
                 Output.line("no session was stored for \(Output.printable(subject))")
             }
+            for run in rerouted { Output.line("run \(run) was re-routed by the logout") }
         }
     }
 
