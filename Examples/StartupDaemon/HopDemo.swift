@@ -41,7 +41,9 @@ struct HopDemo: AsyncParsableCommand {
         let store = try await HopStore.open(path: path, logger: logger)
         let engine = HopEngine(
             store: store, logger: logger,
-            configuration: .init(observer: { continuation.yield($0) }))
+            configuration: .init(
+                observer: { continuation.yield($0) },
+                engineID: "hop-demo@\(ProcessInfo.processInfo.hostName)"))
         registerStartupSteps(on: engine)
         let demo = DemoService(engine: engine, events: events, narrator: narrator, subject: subject, auto: auto)
         let group = ServiceGroup(

@@ -13,6 +13,9 @@ public enum EngineEvent: Sendable {
     case executing(run: RunRef, replaying: Int)
     /// The engine stopped executing a run: it is parked, finished, or the engine is shutting down.
     case settled(run: RunRecord)
+    /// The running engine has resumed the unfinished runs it found and watches for changes
+    /// (the moment a daemon reports itself ready, e.g. systemd's `READY=1`).
+    case ready
 }
 
 /// Which run an event is about.

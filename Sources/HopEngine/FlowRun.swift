@@ -54,10 +54,16 @@ public final class FlowRun: Sendable {
     /// An external step parks the run: the body stops here and continues, from the top with
     /// replay, once the step is unhopped.
     ///
-    /// - Parameter transition: runs before the hop is recorded, instead of the flow's transition.
+    /// - Parameters:
+    ///   - timeout: how long the step may take. The deadline is stored with the hop, so it holds
+    ///     across restarts; when it passes first, the step is ended (an in-process step's task is
+    ///     cancelled) and the result's ``StepOutput/timedOut`` is `true`: take the timeout branch.
+    ///   - transition: runs before the hop is recorded, instead of the flow's transition.
     @discardableResult
-    public func hop(to step: String, transition: (@Sendable (Transition) async throws -> Void)? = nil) async throws -> StepOutput {
-        let replayed = try state.withLock { state -> (hop: HistoryEvent, unhop: HistoryEvent?)? in
+    public func hop(
+        to step: String, timeout: Duration? = nil, transition: (@Sendable (Transition) async throws -> Void)? = nil
+    ) async throws -> StepOutput {
+        let replayed = try state.withLock { state -> (hop: HistoryEvent, end: HistoryEvent?)? in
             try checkNotStopped(state)
             guard let event = state.next else { return nil }
             guard event.kind == .hop, event.step == step else {
@@ -65,24 +71,74 @@ public final class FlowRun: Sendable {
             }
             state.position += 1
             state.lastStep = step
-            guard let after = state.next, after.kind == .unhop else { return (event, nil) }
-            guard after.token == event.token else { throw diverged(state, asked: "unhop of '\(step)'") }
+            guard let after = state.next, after.kind.endsStep else { return (event, nil) }
+            guard after.token == event.token else { throw diverged(state, asked: "the end of '\(step)'") }
             state.position += 1
             return (event, after)
         }
         if let replayed {
-            if let unhop = replayed.unhop { return StepOutput(json: unhop.value) }
-            // In flight when the run stopped: enter it again.
-            return try await engine.enter(step: step, token: replayed.hop.token ?? "", run: self, isReentry: true)
+            if let end = replayed.end { return Self.output(of: end) }
+            // In flight when the run stopped: enter it again, with the deadline it had.
+            return try await engine.enter(
+                step: step, token: replayed.hop.token ?? "", deadline: Self.deadline(of: replayed.hop), run: self, isReentry: true)
         }
         let from = state.withLock { $0.lastStep }
         let hook = transition ?? definition.transition
         if let hook {
             try await hook(Transition(flow: flow, subject: subject, runID: runID, from: from, to: step))
         }
-        let event = try await engine.recordHop(run: self, step: step, from: hook == nil ? nil : from)
+        let deadline = timeout.map { Date().addingTimeInterval(Self.seconds($0)) }
+        let event = try await engine.recordHop(run: self, step: step, from: hook == nil ? nil : from, deadline: deadline)
         state.withLock { $0.lastStep = step }
-        return try await engine.enter(step: step, token: event.token ?? "", run: self, isReentry: false)
+        return try await engine.enter(step: step, token: event.token ?? "", deadline: deadline, run: self, isReentry: false)
+    }
+
+    private static func output(of end: HistoryEvent) -> StepOutput {
+        switch end.kind {
+        case .timeout: StepOutput(json: nil, ending: .timedOut)
+        case .reroute: StepOutput(json: nil, ending: .rerouted)
+        default: StepOutput(json: end.value)
+        }
+    }
+
+    private static func deadline(of hop: HistoryEvent) -> Date? {
+        struct Stored: Decodable { var deadline: Int64 }
+        guard let value = hop.value, let stored = try? JSONDecoder().decode(Stored.self, from: Data(value.utf8)) else { return nil }
+        return Date(timeIntervalSince1970: Double(stored.deadline) / 1000)
+    }
+
+    private static func seconds(_ duration: Duration) -> TimeInterval {
+        Double(duration.components.seconds) + Double(duration.components.attoseconds) / 1e18
+    }
+
+    // MARK: Timers
+
+    /// Sleeps durably: the deadline is recorded, so a run resumed after a restart wakes at the
+    /// original deadline, not a fresh one (at once when it has passed).
+    ///
+    /// - Parameter name: unique within the run's path when a flow sleeps more than once.
+    public func sleep(for duration: Duration, name: String = "sleep") async throws {
+        let recorded = try state.withLock { state -> HistoryEvent? in
+            try checkNotStopped(state)
+            guard let event = state.next else { return nil }
+            guard event.kind == .timer, event.step == name else {
+                throw diverged(state, asked: "timer '\(name)'")
+            }
+            state.position += 1
+            return event
+        }
+        let deadline: Date
+        if let recorded, let milliseconds = recorded.value.flatMap({ Int64($0) }) {
+            deadline = Date(timeIntervalSince1970: Double(milliseconds) / 1000)
+        } else {
+            let target = Date().addingTimeInterval(Self.seconds(duration))
+            try await engine.record(run: self, kind: .timer, name: name) {
+                try await self.store.recordTimer(runID: self.runID, name: name, deadline: target, owner: self.engine.id)
+            }
+            deadline = target
+        }
+        let wait = deadline.timeIntervalSinceNow
+        if wait > 0 { try await Task.sleep(for: .milliseconds(Int64((wait * 1000).rounded(.up)))) }
     }
 
     /// Hops to `step` and decodes its output as `T` (`nil` when it unhopped without one).
@@ -111,7 +167,8 @@ public final class FlowRun: Sendable {
         }
         let value = try await read()
         try await engine.record(run: self, kind: .decision, name: name) {
-            try await self.store.recordDecision(runID: self.runID, name: name, value: try JSONCoding.encode(value))
+            try await self.store.recordDecision(
+                runID: self.runID, name: name, value: try JSONCoding.encode(value), owner: self.engine.id)
         }
         return value
     }
@@ -152,7 +209,7 @@ public final class FlowRun: Sendable {
         }
         if replayed { return }
         try await engine.record(run: self, kind: .effect, name: name) {
-            try await self.store.markUsed(runID: self.runID, feature: feature)
+            try await self.store.markUsed(runID: self.runID, feature: feature, owner: self.engine.id)
         }
     }
 

@@ -1,16 +1,24 @@
+import Foundation
 import HopStore
 import Logging
 import ServiceLifecycle
 
 extension HopEngine: Service {
-    /// Runs the engine until the task is cancelled or a graceful shutdown begins: resumes
-    /// unfinished runs, then watches the database for changes made by other processes
-    /// (an unhop by `hopctl`, a stored session, a restarted run) and executes the runs they wake.
+    /// Runs the engine until the task is cancelled or a graceful shutdown begins.
     ///
-    /// On shutdown, the steps in flight are cancelled and their runs stay resumable.
+    /// It resumes the unfinished runs it finds, reports ``EngineEvent/ready``, then watches:
+    /// every ``Configuration/pollInterval`` it ends steps whose deadline passed and, when
+    /// another process changed the database (`PRAGMA data_version`), executes the runs that
+    /// change woke (an unhop, a login, a re-route, a restart) and stops the runs it cancelled.
+    /// It renews its leases three times per ``Configuration/leaseDuration`` and takes over
+    /// runs whose engine's lease expired.
+    ///
+    /// On shutdown, the steps in flight are cancelled, their leases released, and their runs
+    /// stay resumable.
     public func run() async throws {
         try await resumeAll()
-        logger.info("engine running", metadata: ["hop.db": "\(store.path)", "hop.flows": "\(flowNames.joined(separator: ","))"])
+        notify(.ready)
+        logger.info("engine running", metadata: ["hop.db": "\(store.path)", "hop.engine": "\(id)", "hop.flows": "\(flowNames.joined(separator: ","))"])
         await cancelWhenGracefulShutdown {
             await self.watch()
         }
@@ -20,12 +28,21 @@ extension HopEngine: Service {
 
     private func watch() async {
         var seen = (try? await store.dataVersion()) ?? 0
+        let renewEvery = configuration.leaseDuration / 3
+        var lastRenewal = ContinuousClock.now
         while !Task.isCancelled {
             do {
                 try await Task.sleep(for: configuration.pollInterval)
+                try await timeOutDueSteps()
                 let version = try await store.dataVersion()
-                if version != seen {
+                let renew = ContinuousClock.now - lastRenewal >= renewEvery
+                if renew {
+                    lastRenewal = ContinuousClock.now
+                    try await store.renewLeases(owner: id, until: leaseEnd)
+                }
+                if version != seen || renew {
                     seen = version
+                    try await stopRunsFinishedElsewhere()
                     try await resumeAll()
                 }
             } catch is CancellationError {
@@ -33,6 +50,30 @@ extension HopEngine: Service {
             } catch {
                 logger.error("cannot check the database for changes", metadata: ["hop.error": "\(error)"])
             }
+        }
+    }
+
+    /// Ends the parked steps whose deadline passed, exactly once each, and moves their runs on.
+    private func timeOutDueSteps() async throws {
+        for run in try await store.dueTimeouts() where flow(named: run.flow) != nil {
+            guard let token = run.currentToken else { continue }
+            do {
+                let event = try await store.recordTimeout(runID: run.id, token: token)
+                notify(.recorded(run: ref(run), event: event))
+                logger.info("step timed out", metadata: metadata(run, step: run.currentStep))
+            } catch let error as HopStoreError where error.kind == .refused {
+                continue  // unhopped, or timed out by another engine, in the meantime
+            }
+            if let updated = try await store.run(id: run.id) { execute(updated) }
+        }
+    }
+
+    /// Cancels the tasks of runs that another process cancelled or restarted.
+    private func stopRunsFinishedElsewhere() async throws {
+        guard !executing.isEmpty else { return }
+        for (runID, status) in try await store.statuses(of: Array(executing.keys)) where !status.isUnfinished {
+            executing[runID]?.cancel()
+            logger.info("run was ended by another process; its step is cancelled", metadata: ["hop.run": "\(runID)", "hop.status": "\(status.rawValue)"])
         }
     }
 

@@ -1,3 +1,4 @@
+import CoreMetrics
 import Foundation
 import HopStore
 import Logging
@@ -21,14 +22,31 @@ public actor HopEngine {
     /// How an engine behaves.
     public struct Configuration: Sendable {
         /// How often the engine checks the database for changes made by other processes
-        /// (an unhop by `hopctl`, a restarted run).
+        /// (an unhop, a cancellation, a logout by `hopctl`) and for steps whose deadline passed.
         public var pollInterval: Duration = .milliseconds(50)
+        /// How long a lease on a run lasts. The engine renews its leases three times per
+        /// period; when its process dies, another engine takes its runs over once they expire.
+        public var leaseDuration: Duration = .seconds(10)
         /// Called with each ``EngineEvent``.
         public var observer: (@Sendable (EngineEvent) -> Void)?
+        /// Where metrics go; the process's `MetricsSystem` when `nil`.
+        public var metricsFactory: (any MetricsFactory)?
+        /// A stable identity for this daemon instance, e.g. `"kiosk-agent@device-17"`: a daemon
+        /// restarted after a crash with the same identity takes its runs back at once. Without
+        /// one, each process gets a random identity and a crashed process's runs resume when
+        /// its leases expire. Two processes running at the same time must never share one.
+        public var engineID: String?
 
-        public init(pollInterval: Duration = .milliseconds(50), observer: (@Sendable (EngineEvent) -> Void)? = nil) {
+        public init(
+            pollInterval: Duration = .milliseconds(50), leaseDuration: Duration = .seconds(10),
+            observer: (@Sendable (EngineEvent) -> Void)? = nil, metricsFactory: (any MetricsFactory)? = nil,
+            engineID: String? = nil
+        ) {
             self.pollInterval = pollInterval
+            self.leaseDuration = leaseDuration
             self.observer = observer
+            self.metricsFactory = metricsFactory
+            self.engineID = engineID
         }
     }
 
@@ -48,6 +66,10 @@ public actor HopEngine {
 
     /// The engine's database.
     public nonisolated let store: HopStore
+    /// This engine's identity as the owner of the runs it executes: ``Configuration/engineID``,
+    /// else host, process id and a random part.
+    public nonisolated let id: String
+    nonisolated let metrics: EngineMetrics
     nonisolated let logger: Logger
     nonisolated let configuration: Configuration
     private nonisolated let registry = Mutex(Registry())
@@ -62,6 +84,8 @@ public actor HopEngine {
         self.store = store
         self.logger = logger
         self.configuration = configuration
+        id = configuration.engineID ?? "\(ProcessInfo.processInfo.hostName):\(getpid()):\(Token.random(byteCount: 4))"
+        metrics = EngineMetrics(factory: configuration.metricsFactory ?? MetricsSystem.factory)
     }
 
     // MARK: Registration
@@ -107,10 +131,11 @@ public actor HopEngine {
         return run
     }
 
-    /// Resumes every unfinished, unparked run of the registered flows; returns how many.
+    /// Resumes every unfinished, unparked run of the registered flows that no other engine
+    /// holds (its lease expired, or it has none); returns how many.
     @discardableResult
     public func resumeAll() async throws -> Int {
-        let runs = try await store.unfinishedRuns(status: .running, flows: flowNames)
+        let runs = try await store.claimableRuns(flows: flowNames)
         var resumed = 0
         for run in runs where executing[run.id] == nil {
             execute(run)
@@ -130,6 +155,7 @@ public actor HopEngine {
         }
         let json = try output.map { try JSONCoding.encode($0) }
         let event = try await store.recordUnhop(runID: run.id, token: token, output: json)
+        metrics.unhops.increment()
         notify(.recorded(run: ref(run), event: event))
         if let updated = try await store.run(id: run.id) { execute(updated) }
     }
@@ -200,5 +226,16 @@ extension HopEngine {
         for runID in woken {
             if let run = try await store.run(id: runID) { execute(run) }
         }
+    }
+
+    /// Removes the session of `subject` and re-routes the subject's runs parked on a step that
+    /// lasts only while a session is stored (``WakeCondition/sessionRemoved``).
+    @discardableResult
+    public func deleteSession(subject: String) async throws -> Bool {
+        let (removed, rerouted) = try await store.deleteSession(subject: subject)
+        for runID in rerouted {
+            if let run = try await store.run(id: runID) { execute(run) }
+        }
+        return removed
     }
 }

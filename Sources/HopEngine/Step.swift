@@ -103,8 +103,9 @@ final class Unhopper: Sendable {
 
     func unhop(output: String?) async throws {
         try await engine.record(run: run, kind: .unhop, name: step) {
-            try await self.engine.store.recordUnhop(runID: self.run.runID, token: self.token, output: output)
+            try await self.engine.store.recordUnhop(runID: self.run.runID, token: self.token, output: output, owner: self.engine.id)
         }
+        engine.metrics.unhops.increment()
         done.withLock { $0 = (true, output) }
     }
 

@@ -11,6 +11,8 @@ import Logging
 //                and the engine runs as a service until the run completes;
 //                otherwise every step runs in process and the daemon exits once the run settles.
 //   --version 2  the flow code of a later release: main follows splash directly.
+//   --engine-id  the engine's identity ("hop-test-daemon" by default, so a restart takes its runs back at once)
+//   --lease S    the lease duration in seconds (10 by default)
 // Environment:
 //   HOP_TEST_KILL_AT=<point>   SIGKILL this process at the point, e.g. "before:hop:splash", "after:unhop:login"
 //   HOP_TEST_FAILS=<n>         splash throws on its first n attempts (it is tried up to 3 times)
@@ -22,6 +24,8 @@ struct Options {
     var external = false
     var version = "1"
     var subject = "default"
+    var engineID = "hop-test-daemon"
+    var lease = 10.0
 
     static func parse() -> Options {
         var options = Options()
@@ -32,6 +36,8 @@ struct Options {
             case "--external": options.external = true
             case "--version": options.version = arguments.popFirst() ?? "1"
             case "--subject": options.subject = arguments.popFirst() ?? "default"
+            case "--engine-id": options.engineID = arguments.popFirst() ?? options.engineID
+            case "--lease": options.lease = Double(arguments.popFirst() ?? "") ?? options.lease
             default:
                 FileHandle.standardError.write(Data("unknown argument \(argument)\n".utf8))
                 exit(64)
@@ -76,6 +82,7 @@ let observer: @Sendable (EngineEvent) -> Void = { event in
     case .settled(let run):
         if run.status == .parked { say("parked \(run.currentStep ?? "?")") }
     case .executing(let run, let replaying): say("executing run \(run.id) replaying \(replaying)")
+    case .ready: say("ready")
     }
 }
 
@@ -83,7 +90,11 @@ var logger = Logger(label: "hop-test-daemon")
 logger.logLevel = .error
 do {
     let store = try await HopStore.open(path: path)
-    let engine = HopEngine(store: store, logger: logger, configuration: .init(pollInterval: .milliseconds(20), observer: observer))
+    let engine = HopEngine(
+        store: store, logger: logger,
+        configuration: .init(
+            pollInterval: .milliseconds(20), leaseDuration: .milliseconds(Int64(options.lease * 1000)), observer: observer,
+            engineID: options.engineID))
     engine.register(
         Flow("startup", version: version) { flow in
             try await flow.hop(to: "splash")

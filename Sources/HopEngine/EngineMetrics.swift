@@ -1,0 +1,25 @@
+import CoreMetrics
+
+/// The engine's metrics, through swift-metrics: counters of hops, unhops, resumes and
+/// divergences, and a timer of step durations by step.
+struct EngineMetrics: Sendable {
+    let factory: any MetricsFactory
+    let hops: Counter
+    let unhops: Counter
+    let resumes: Counter
+    let divergences: Counter
+
+    init(factory: any MetricsFactory) {
+        self.factory = factory
+        hops = Counter(label: "hop_hops_total", factory: factory)
+        unhops = Counter(label: "hop_unhops_total", factory: factory)
+        resumes = Counter(label: "hop_resumes_total", factory: factory)
+        divergences = Counter(label: "hop_divergences_total", factory: factory)
+    }
+
+    func stepDuration(_ step: String, _ duration: Duration) {
+        let nanoseconds = duration.components.seconds * 1_000_000_000 + duration.components.attoseconds / 1_000_000_000
+        Timer(label: "hop_step_duration_seconds", dimensions: [("step", step)], factory: factory)
+            .recordNanoseconds(nanoseconds)
+    }
+}
