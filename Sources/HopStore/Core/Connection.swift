@@ -151,6 +151,13 @@ final class Connection {
         return result
     }
 
+    /// Rolls back the open transaction, if any.
+    func rollback() {
+        if sqlite3_get_autocommit(handle) == 0 {
+            sqlite3_exec(handle, "ROLLBACK", nil, nil, nil)
+        }
+    }
+
     /// Runs `body` in one read transaction: a consistent snapshot that never blocks writers.
     func read<T>(_ operation: String, _ body: () throws -> T) throws -> T {
         try execute("BEGIN DEFERRED", operation: operation)

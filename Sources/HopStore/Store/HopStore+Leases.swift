@@ -3,9 +3,9 @@ import Foundation
 extension HopStore {
     /// Takes run `runID` for the engine `owner` until `until`, unless another engine holds a
     /// live lease on it. Returns the run when taken, `nil` when it is held elsewhere or finished.
-    public func claim(runID: Int64, owner: String, until: Date) throws -> RunRecord? {
+    public func claim(runID: Int64, owner: String, until: Date) async throws -> RunRecord? {
         let operation = "claim run \(runID)"
-        return try connection.write(operation) {
+        return try await transaction(operation) { [self] in
             let changed = try connection.run(
                 """
                 UPDATE runs SET owner = ?2, lease_expires_at = ?3
@@ -19,8 +19,8 @@ extension HopStore {
 
     /// Extends every lease `owner` holds to `until`, in one statement; returns how many.
     @discardableResult
-    public func renewLeases(owner: String, until: Date) throws -> Int {
-        try connection.write("renew leases") {
+    public func renewLeases(owner: String, until: Date) async throws -> Int {
+        try await transaction("renew leases") { [self] in
             try connection.run(
                 "UPDATE runs SET lease_expires_at = ?2 WHERE owner = ?1 AND status = 'running'",
                 [.text(owner), .integer(Clock.milliseconds(until))], operation: "renew leases")
@@ -28,8 +28,8 @@ extension HopStore {
     }
 
     /// Gives up `owner`'s lease on run `runID`, so another engine may take it at once.
-    public func release(runID: Int64, owner: String) throws {
-        try connection.write("release run \(runID)") {
+    public func release(runID: Int64, owner: String) async throws {
+        try await transaction("release run \(runID)") { [self] in
             try connection.run(
                 "UPDATE runs SET owner = NULL, lease_expires_at = NULL WHERE id = ?1 AND owner = ?2",
                 [.integer(runID), .text(owner)], operation: "release run \(runID)")

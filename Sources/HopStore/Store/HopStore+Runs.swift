@@ -100,12 +100,12 @@ extension HopStore {
     // MARK: Starting, ending and restarting runs
 
     /// Starts a run of `flow` for `subject`, or returns the unfinished one (at most one exists).
-    public func startRun(flow: String, subject: String, version: String) throws -> (run: RunRecord, created: Bool) {
+    public func startRun(flow: String, subject: String, version: String) async throws -> (run: RunRecord, created: Bool) {
         try validate(flow, as: "flow name")
         try validate(subject, as: "subject")
         try validate(version, as: "flow version")
         let operation = "start run of \(flow) for \(subject)"
-        return try connection.write(operation) {
+        return try await transaction(operation) { [self] in
             if let existing = try unfinishedRunLocked(flow: flow, subject: subject, operation: operation) {
                 return (existing, false)
             }
@@ -116,11 +116,11 @@ extension HopStore {
     /// Cancels the unfinished run of `flow` for `subject`: it never advances again. History is kept.
     /// - Throws: `.notFound` when the subject has no unfinished run of the flow.
     @discardableResult
-    public func cancelRun(flow: String, subject: String, reason: String = "cancelled") throws -> RunRecord {
+    public func cancelRun(flow: String, subject: String, reason: String = "cancelled") async throws -> RunRecord {
         try validate(flow, as: "flow name")
         try validate(subject, as: "subject")
         let operation = "cancel \(flow) for \(subject)"
-        return try connection.write(operation) {
+        return try await transaction(operation) { [self] in
             guard let run = try unfinishedRunLocked(flow: flow, subject: subject, operation: operation) else {
                 throw noUnfinishedRun(flow: flow, subject: subject, operation: operation)
             }
@@ -134,11 +134,11 @@ extension HopStore {
     /// new run that starts from the beginning the next time an engine runs the flow.
     /// The old run's history is kept.
     @discardableResult
-    public func restartRun(flow: String, subject: String) throws -> RunRecord {
+    public func restartRun(flow: String, subject: String) async throws -> RunRecord {
         try validate(flow, as: "flow name")
         try validate(subject, as: "subject")
         let operation = "restart \(flow) for \(subject)"
-        return try connection.write(operation) {
+        return try await transaction(operation) { [self] in
             guard let latest = try connection.queryOne(
                 "SELECT \(RunRecord.columns) FROM runs WHERE flow = ?1 AND subject = ?2 ORDER BY id DESC LIMIT 1",
                 [.text(flow), .text(subject)], operation: operation, RunRecord.init(row:))
@@ -166,10 +166,10 @@ extension HopStore {
     public func recordHop(
         runID: Int64, step: String, from: String? = nil, parks: Bool = false, wakeOn: WakeCondition? = nil,
         deadline: Date? = nil, owner: String? = nil
-    ) throws -> HistoryEvent {
+    ) async throws -> HistoryEvent {
         try validate(step, as: "step name")
         let operation = "hop run \(runID) to \(step)"
-        return try connection.write(operation) {
+        return try await transaction(operation) { [self] in
             let run = try requireRunning(runID, owner: owner, operation: operation)
             if let inFlight = run.currentStep, run.currentToken != nil {
                 throw refuse(.refused, operation, "step '\(inFlight)' is still in flight; it must unhop first")
@@ -204,10 +204,10 @@ extension HopStore {
     /// - Throws: `.refused`, changing nothing, when the token is stale or unknown, the step
     ///   already unhopped, or the run is finished; `.invalidInput` when `output` is not JSON.
     @discardableResult
-    public func recordUnhop(runID: Int64, token: String, output: String? = nil, owner: String? = nil) throws -> HistoryEvent {
+    public func recordUnhop(runID: Int64, token: String, output: String? = nil, owner: String? = nil) async throws -> HistoryEvent {
         let operation = "unhop run \(runID)"
         if let output { try JSONText.validate(output, as: "step output", path: path) }
-        return try connection.write(operation) {
+        return try await transaction(operation) { [self] in
             let run = try requireUnfinished(runID, owner: owner, operation: operation)
             return try endStepLocked(run, token: token, kind: .unhop, value: output, operation: operation)
         }
@@ -216,9 +216,9 @@ extension HopStore {
     /// Ends the step in flight of run `runID` because its deadline passed, exactly once
     /// (a racing unhop and timeout: the first to commit wins, the other is refused).
     @discardableResult
-    public func recordTimeout(runID: Int64, token: String, owner: String? = nil) throws -> HistoryEvent {
+    public func recordTimeout(runID: Int64, token: String, owner: String? = nil) async throws -> HistoryEvent {
         let operation = "time out run \(runID)"
-        return try connection.write(operation) {
+        return try await transaction(operation) { [self] in
             let run = try requireUnfinished(runID, owner: owner, operation: operation)
             return try endStepLocked(run, token: token, kind: .timeout, value: nil, operation: operation)
         }
@@ -227,12 +227,12 @@ extension HopStore {
     /// Finishes the step that the unfinished run of `flow` for `subject` is parked on (as
     /// `hopctl unhop` does), exactly once.
     /// - Throws: `.notFound` without an unfinished run; `.refused` when no step is parked.
-    public func unhopParked(flow: String, subject: String, output: String? = nil) throws -> (run: RunRecord, unhop: HistoryEvent) {
+    public func unhopParked(flow: String, subject: String, output: String? = nil) async throws -> (run: RunRecord, unhop: HistoryEvent) {
         try validate(flow, as: "flow name")
         try validate(subject, as: "subject")
         let operation = "unhop \(flow) for \(subject)"
         if let output { try JSONText.validate(output, as: "step output", path: path) }
-        return try connection.write(operation) {
+        return try await transaction(operation) { [self] in
             guard let run = try unfinishedRunLocked(flow: flow, subject: subject, operation: operation) else {
                 throw noUnfinishedRun(flow: flow, subject: subject, operation: operation)
             }
@@ -248,11 +248,11 @@ extension HopStore {
 
     /// Records the value a condition had when the run read it; replay returns it again.
     @discardableResult
-    public func recordDecision(runID: Int64, name: String, value: String, owner: String? = nil) throws -> HistoryEvent {
+    public func recordDecision(runID: Int64, name: String, value: String, owner: String? = nil) async throws -> HistoryEvent {
         try validate(name, as: "decision name")
         try JSONText.validate(value, as: "decision value", path: path)
         let operation = "record decision \(name) of run \(runID)"
-        return try connection.write(operation) {
+        return try await transaction(operation) { [self] in
             _ = try requireRunning(runID, owner: owner, operation: operation)
             return try append(runID: runID, .decision, step: name, value: value, operation: operation)
         }
@@ -260,10 +260,10 @@ extension HopStore {
 
     /// Records a durable sleep of run `runID` until `deadline`; replay sleeps until the same deadline.
     @discardableResult
-    public func recordTimer(runID: Int64, name: String, deadline: Date, owner: String? = nil) throws -> HistoryEvent {
+    public func recordTimer(runID: Int64, name: String, deadline: Date, owner: String? = nil) async throws -> HistoryEvent {
         try validate(name, as: "timer name")
         let operation = "record timer \(name) of run \(runID)"
-        return try connection.write(operation) {
+        return try await transaction(operation) { [self] in
             _ = try requireRunning(runID, owner: owner, operation: operation)
             return try append(runID: runID, .timer, step: name, value: "\(Clock.milliseconds(deadline))", operation: operation)
         }
@@ -271,10 +271,10 @@ extension HopStore {
 
     /// Marks `feature` used by the run's subject and records it in the run's history, in one transaction.
     @discardableResult
-    public func markUsed(runID: Int64, feature: String, owner: String? = nil) throws -> HistoryEvent {
+    public func markUsed(runID: Int64, feature: String, owner: String? = nil) async throws -> HistoryEvent {
         try validate(feature, as: "feature name")
         let operation = "mark \(feature) used by run \(runID)"
-        return try connection.write(operation) {
+        return try await transaction(operation) { [self] in
             let run = try requireRunning(runID, owner: owner, operation: operation)
             try connection.run(
                 "INSERT INTO first_use (subject, feature, used_at) VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",
@@ -288,9 +288,9 @@ extension HopStore {
 
     /// Records that `step` threw. With `final`, the run is marked failed.
     @discardableResult
-    public func recordError(runID: Int64, step: String?, message: String, final: Bool, owner: String? = nil) throws -> HistoryEvent {
+    public func recordError(runID: Int64, step: String?, message: String, final: Bool, owner: String? = nil) async throws -> HistoryEvent {
         let operation = "record error of run \(runID)"
-        return try connection.write(operation) {
+        return try await transaction(operation) { [self] in
             _ = try requireUnfinished(runID, owner: owner, operation: operation)
             let event = try append(runID: runID, final ? .fail : .error, step: step, value: message, operation: operation)
             if final { try setStatus(runID, .failed, operation: operation) }
@@ -300,9 +300,9 @@ extension HopStore {
 
     /// Records that the flow body of run `runID` returned: the run is completed.
     @discardableResult
-    public func completeRun(runID: Int64, owner: String? = nil) throws -> HistoryEvent {
+    public func completeRun(runID: Int64, owner: String? = nil) async throws -> HistoryEvent {
         let operation = "complete run \(runID)"
-        return try connection.write(operation) {
+        return try await transaction(operation) { [self] in
             _ = try requireRunning(runID, owner: owner, operation: operation)
             let event = try append(runID: runID, .complete, operation: operation)
             try setStatus(runID, .completed, operation: operation)
@@ -312,9 +312,9 @@ extension HopStore {
 
     /// Marks run `runID` diverged: the flow code asked for another path than its history.
     @discardableResult
-    public func divergeRun(runID: Int64, step: String?, message: String, owner: String? = nil) throws -> HistoryEvent {
+    public func divergeRun(runID: Int64, step: String?, message: String, owner: String? = nil) async throws -> HistoryEvent {
         let operation = "mark run \(runID) diverged"
-        return try connection.write(operation) {
+        return try await transaction(operation) { [self] in
             _ = try requireUnfinished(runID, owner: owner, operation: operation)
             let event = try append(runID: runID, .diverge, step: step, value: message, operation: operation)
             try setStatus(runID, .diverged, operation: operation)

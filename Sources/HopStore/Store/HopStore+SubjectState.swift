@@ -22,10 +22,10 @@ extension HopStore {
     }
 
     /// Marks `feature` used by `subject` now, unless it already is.
-    public func markUsed(subject: String, feature: String) throws {
+    public func markUsed(subject: String, feature: String) async throws {
         try validate(subject, as: "subject")
         try validate(feature, as: "feature name")
-        try connection.write("mark \(feature) used") {
+        try await transaction("mark \(feature) used") { [self] in
             try connection.run(
                 "INSERT INTO first_use (subject, feature, used_at) VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",
                 [.text(subject), .text(feature), .integer(Clock.nowMilliseconds())], operation: "mark \(feature) used")
@@ -34,10 +34,10 @@ extension HopStore {
 
     /// Makes `features` first-use again for `subject`; returns how many were marked used before.
     @discardableResult
-    public func resetFirstUse(subject: String, features: [String]) throws -> Int {
+    public func resetFirstUse(subject: String, features: [String]) async throws -> Int {
         try validate(subject, as: "subject")
         for feature in features { try validate(feature, as: "feature name") }
-        return try connection.write("reset first use") {
+        return try await transaction("reset first use") { [self] in
             var count = 0
             for feature in features {
                 count += try connection.run(
@@ -50,9 +50,9 @@ extension HopStore {
 
     /// Makes every feature first-use again for `subject`; returns how many flags were cleared.
     @discardableResult
-    public func resetAllFirstUse(subject: String) throws -> Int {
+    public func resetAllFirstUse(subject: String) async throws -> Int {
         try validate(subject, as: "subject")
-        return try connection.write("reset first use") {
+        return try await transaction("reset first use") { [self] in
             try connection.run("DELETE FROM first_use WHERE subject = ?1", [.text(subject)], operation: "reset first use")
         }
     }
@@ -64,7 +64,7 @@ extension HopStore {
     ///
     /// - Returns: the ids of the runs it unhopped; their login step's output is `{"userID": …}`.
     @discardableResult
-    public func storeSession(subject: String, userID: String, token: String, expiresAt: Date? = nil) throws -> [Int64] {
+    public func storeSession(subject: String, userID: String, token: String, expiresAt: Date? = nil) async throws -> [Int64] {
         try validate(subject, as: "subject")
         try validate(userID, as: "user id")
         guard !token.isEmpty, token.utf8.count <= 4096 else {
@@ -72,7 +72,7 @@ extension HopStore {
         }
         let operation = "store session of \(subject)"
         let output = String(decoding: try JSONEncoder().encode(["userID": userID]), as: UTF8.self)
-        return try connection.write(operation) {
+        return try await transaction(operation) { [self] in
             try connection.run(
                 """
                 INSERT INTO sessions (subject, user_id, token, created_at, expires_at) VALUES (?1, ?2, ?3, ?4, ?5)
@@ -114,10 +114,10 @@ extension HopStore {
     ///
     /// - Returns: whether a session was stored, and the ids of the runs it re-routed.
     @discardableResult
-    public func deleteSession(subject: String) throws -> (removed: Bool, rerouted: [Int64]) {
+    public func deleteSession(subject: String) async throws -> (removed: Bool, rerouted: [Int64]) {
         try validate(subject, as: "subject")
         let operation = "delete session of \(subject)"
-        return try connection.write(operation) {
+        return try await transaction(operation) { [self] in
             let removed = try connection.run("DELETE FROM sessions WHERE subject = ?1", [.text(subject)], operation: operation) > 0
             let waiting = try connection.query(
                 "SELECT \(RunRecord.columns) FROM runs WHERE subject = ?1 AND status = 'parked' AND wake_on = ?2",
@@ -133,10 +133,10 @@ extension HopStore {
     // MARK: Facts
 
     /// Stores the daemon's fact `key` = `value` about `subject`.
-    public func setFact(subject: String, key: String, value: String) throws {
+    public func setFact(subject: String, key: String, value: String) async throws {
         try validate(subject, as: "subject")
         try validate(key, as: "fact key")
-        try connection.write("set fact \(key)") {
+        try await transaction("set fact \(key)") { [self] in
             try connection.run(
                 """
                 INSERT INTO facts (subject, key, value, updated_at) VALUES (?1, ?2, ?3, ?4)
@@ -166,10 +166,10 @@ extension HopStore {
 
     /// Removes fact `key` about `subject`; returns whether it was stored.
     @discardableResult
-    public func removeFact(subject: String, key: String) throws -> Bool {
+    public func removeFact(subject: String, key: String) async throws -> Bool {
         try validate(subject, as: "subject")
         try validate(key, as: "fact key")
-        return try connection.write("remove fact \(key)") {
+        return try await transaction("remove fact \(key)") { [self] in
             try connection.run("DELETE FROM facts WHERE subject = ?1 AND key = ?2", [.text(subject), .text(key)], operation: "remove fact \(key)") > 0
         }
     }

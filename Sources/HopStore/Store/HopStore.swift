@@ -54,6 +54,10 @@ public actor HopStore {
 
     let connection: Connection
     let logger: Logger
+    /// Writes waiting for the next group transaction (see `transaction(_:_:)`).
+    var pending: [PendingWrite] = []
+    var flushScheduled = false
+    var statistics = CommitStatistics()
     /// The database file.
     public nonisolated let path: String
     /// The schema version of the database once opened.
