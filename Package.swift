@@ -63,7 +63,8 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],
-            path: "Examples/StartupDaemon"
+            path: "Examples/StartupDaemon",
+            exclude: ["hop-demo.service"]
         ),
         .executableTarget(
             name: "hop-test-daemon",

@@ -38,11 +38,15 @@ struct HopDemo: AsyncParsableCommand {
         narrator.say("hop-demo: database \(path)")
 
         let (events, continuation) = AsyncStream.makeStream(of: EngineEvent.self)
+        let systemd = SystemdNotifier()
         let store = try await HopStore.open(path: path, logger: logger)
         let engine = HopEngine(
             store: store, logger: logger,
             configuration: .init(
-                observer: { continuation.yield($0) },
+                observer: { event in
+                    continuation.yield(event)
+                    if let systemd { Self.report(event, to: systemd) }
+                },
                 engineID: "hop-demo@\(ProcessInfo.processInfo.hostName)"))
         registerStartupSteps(on: engine)
         let demo = DemoService(engine: engine, events: events, narrator: narrator, subject: subject, auto: auto)
@@ -55,6 +59,22 @@ struct HopDemo: AsyncParsableCommand {
                 gracefulShutdownSignals: [.sigterm, .sigint],
                 logger: logger))
         try await group.run()
+        systemd?.notify("STOPPING=1")
         continuation.finish()
+    }
+
+    /// Under systemd (`Type=notify`): ready once the engine has resumed its runs; the status
+    /// line shows the step the start-up flow is at.
+    static func report(_ event: EngineEvent, to systemd: SystemdNotifier) {
+        switch event {
+        case .ready:
+            systemd.notify("READY=1")
+        case .recorded(let run, let entry) where entry.kind == .hop && run.flow == "startup":
+            systemd.notify("STATUS=startup for \(run.subject) at \(entry.step ?? "?")")
+        case .settled(let run) where run.flow == "startup":
+            systemd.notify("STATUS=startup for \(run.subject) \(run.status.rawValue)\(run.currentStep.map { " at \($0)" } ?? "")")
+        default:
+            break
+        }
     }
 }

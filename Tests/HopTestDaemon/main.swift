@@ -13,9 +13,13 @@ import Logging
 //   --version 2  the flow code of a later release: main follows splash directly.
 //   --engine-id  the engine's identity ("hop-test-daemon" by default, so a restart takes its runs back at once)
 //   --lease S    the lease duration in seconds (10 by default)
+//   --sleep S    the flow sleeps durably for S seconds after splash
+//   --reroute    main is external and ended by a logout, after which the flow goes back through login
+//                (with --external)
 // Environment:
 //   HOP_TEST_KILL_AT=<point>   SIGKILL this process at the point, e.g. "before:hop:splash", "after:unhop:login"
 //   HOP_TEST_FAILS=<n>         splash throws on its first n attempts (it is tried up to 3 times)
+//   HOP_TEST_SLOW_SPLASH=1     splash runs until its task is cancelled (then it notes "<run> splash-cancelled")
 // Prints "point <point>" for every point, "parked <step>" and "settled <status>".
 // Each step body appends "<run id> <step>\n" to PATH.bodies, so tests can count how often bodies ran.
 
@@ -26,6 +30,8 @@ struct Options {
     var subject = "default"
     var engineID = "hop-test-daemon"
     var lease = 10.0
+    var sleep = 0.0
+    var reroute = false
 
     static func parse() -> Options {
         var options = Options()
@@ -38,6 +44,8 @@ struct Options {
             case "--subject": options.subject = arguments.popFirst() ?? "default"
             case "--engine-id": options.engineID = arguments.popFirst() ?? options.engineID
             case "--lease": options.lease = Double(arguments.popFirst() ?? "") ?? options.lease
+            case "--sleep": options.sleep = Double(arguments.popFirst() ?? "") ?? 0
+            case "--reroute": options.reroute = true
             default:
                 FileHandle.standardError.write(Data("unknown argument \(argument)\n".utf8))
                 exit(64)
@@ -60,10 +68,11 @@ let subject = options.subject
 let environment = ProcessInfo.processInfo.environment
 let killAt = environment["HOP_TEST_KILL_AT"]
 let failures = Int(environment["HOP_TEST_FAILS"] ?? "") ?? 0
+let slowSplash = environment["HOP_TEST_SLOW_SPLASH"] == "1"
 let bodies = path + ".bodies"
 
-func noteBody(_ context: StepContext) {
-    let step = "\(context.runID) \(context.step)"
+func noteBody(_ context: StepContext, _ what: String? = nil) {
+    let step = "\(context.runID) \(what ?? context.step)"
     let descriptor = open(bodies, O_WRONLY | O_CREAT | O_APPEND, 0o600)
     guard descriptor >= 0 else { return }
     _ = "\(step)\n".withCString { write(descriptor, $0, strlen($0)) }
@@ -98,20 +107,33 @@ do {
     engine.register(
         Flow("startup", version: version) { flow in
             try await flow.hop(to: "splash")
-            if version == "1" {
-                if try await flow.isFirstUse("onboarding") {
-                    try await flow.hop(to: "onboarding")
-                    try await flow.markUsed("onboarding")
-                }
+            if options.sleep > 0 { try await flow.sleep(for: .milliseconds(Int64(options.sleep * 1000))) }
+            guard version == "1" else {
+                try await flow.hop(to: "main")
+                return
+            }
+            if try await flow.isFirstUse("onboarding") {
+                try await flow.hop(to: "onboarding")
+                try await flow.markUsed("onboarding")
+            }
+            while true {
                 if try await flow.session() == nil {
                     try await flow.hop(to: "login")
                 }
+                if try await !flow.hop(to: "main").rerouted { break }
             }
-            try await flow.hop(to: "main")
         })
     let attempts = AttemptCounter()
     engine.register(step: "splash", retry: RetryPolicy(maxAttempts: 3, initialBackoff: .milliseconds(10))) { step in
         noteBody(step)
+        if slowSplash {
+            do {
+                try await Task.sleep(for: .seconds(600))
+            } catch {
+                noteBody(step, "splash-cancelled")
+                throw error
+            }
+        }
         if await attempts.next() <= failures { throw SplashError(attempt: step.attempt) }
         try await step.unhop(output: ["cache": "warm"])
     }
@@ -129,7 +151,11 @@ do {
             try await step.unhop(output: ["userID": "alice"])
         }
     }
-    engine.register(step: "main") { step in noteBody(step) }
+    if options.reroute {
+        engine.register(step: "main", .external(unhopWhen: .sessionRemoved))
+    } else {
+        engine.register(step: "main") { step in noteBody(step) }
+    }
 
     let run: RunRecord
     if external {

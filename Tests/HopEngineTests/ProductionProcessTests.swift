@@ -1,0 +1,95 @@
+import Foundation
+import HopStore
+import HopTestSupport
+import Testing
+
+/// What a daemon running for months beside operators needs, shown with real processes.
+@Suite struct ProductionProcessTests {
+    @Test func aDaemonRestartedMidSleepWakesAtTheOriginalDeadline() async throws {
+        let folder = try TemporaryDirectory()
+        let first = try ChildProcess("hop-test-daemon", ["--db", folder.database, "--sleep", "3"], directory: folder)
+        try await first.waitForOutput("point after:timer:sleep")
+        first.kill()
+        try await first.waitForExit()
+
+        let store = try await HopStore.open(path: folder.database)
+        let runRecord = try #require(try await store.latestRun(flow: "startup", subject: "default"))
+        let timer = try #require(try await store.history(runID: runRecord.id).first { $0.kind == .timer })
+        let deadline = Date(timeIntervalSince1970: Double(try #require(timer.value.flatMap { Int64($0) })) / 1000)
+        #expect(abs(deadline.timeIntervalSince(timer.at) - 3) < 0.1)
+        // Restart 1.5 s after the sleep began: a fresh 3 s sleep would end 1.5 s after the original deadline.
+        try await waitUntil("1.5 s have passed since the sleep began") { Date().timeIntervalSince(timer.at) >= 1.5 }
+
+        let second = try await run("hop-test-daemon", ["--db", folder.database, "--sleep", "3"], in: folder)
+        #expect(second.stdout.contains("settled completed"), "\(second.stdout)\(second.stderr)")
+        let history = try await store.history(runID: runRecord.id)
+        let nextHop = try #require(history.first { $0.kind == .hop && $0.seq > timer.seq })
+        #expect(nextHop.at.timeIntervalSince(deadline) >= -0.01, "woke before the deadline")
+        #expect(nextHop.at.timeIntervalSince(deadline) < 1.0, "woke \(nextHop.at.timeIntervalSince(deadline)) s after the original deadline")
+        #expect(history.filter { $0.kind == .timer }.count == 1)
+    }
+
+    @Test func hopctlCancelCancelsTheTaskOfTheStepInFlightInTheDaemon() async throws {
+        let folder = try TemporaryDirectory()
+        let daemon = try ChildProcess(
+            "hop-test-daemon", ["--db", folder.database, "--external"], environment: ["HOP_TEST_SLOW_SPLASH": "1"], directory: folder)
+        defer { daemon.kill() }
+        try await daemon.waitForOutput("point after:hop:splash")
+        let cancel = try await run("hopctl", ["cancel", "--flow", "startup", "--db", folder.database], in: folder)
+        #expect(cancel.status == 0, "\(cancel.stderr)")
+        try await daemon.waitForOutput("settled cancelled", timeout: .seconds(2))
+        try await waitUntil("the splash task sees its cancellation", timeout: .seconds(2)) {
+            ((try? String(contentsOfFile: folder.database + ".bodies", encoding: .utf8)) ?? "").contains("1 splash-cancelled")
+        }
+        let store = try await HopStore.open(path: folder.database)
+        let history = try await store.history(runID: 1)
+        #expect(history.map(\.kind) == [.hop, .cancel])
+        #expect(try await store.run(id: 1)?.status == .cancelled)
+    }
+
+    @Test func aSecondDaemonLeavesLeasedRunsAloneAndTakesThemOverWhenTheOwnerDies() async throws {
+        let folder = try TemporaryDirectory()
+        let owner = try ChildProcess(
+            "hop-test-daemon", ["--db", folder.database, "--external", "--engine-id", "A", "--lease", "1"],
+            environment: ["HOP_TEST_SLOW_SPLASH": "1"], directory: folder)
+        defer { owner.kill() }
+        try await owner.waitForOutput("point after:hop:splash")
+
+        let other = try ChildProcess(
+            "hop-test-daemon", ["--db", folder.database, "--external", "--engine-id", "B", "--lease", "1"], directory: folder)
+        defer { other.kill() }
+        try await other.waitForOutput("ready")
+        #expect(!other.stdout.contains("executing run 1"), "B executed a run A holds")
+        let store = try await HopStore.open(path: folder.database)
+        #expect(try await store.run(id: 1)?.owner == "A")
+
+        owner.kill()
+        try await owner.waitForExit()
+        try await other.waitForOutput("executing run 1 replaying 1", timeout: .seconds(10))
+        try await other.waitForOutput("parked onboarding", timeout: .seconds(5))
+        let bodies = try String(contentsOfFile: folder.database + ".bodies", encoding: .utf8).split(separator: "\n")
+        #expect(bodies.filter { $0 == "1 splash" }.count == 2, "the in-flight splash ran again in B: \(bodies)")
+        #expect(try await store.history(runID: 1).filter { $0.kind == .hop && $0.step == "splash" }.count == 1)
+    }
+
+    @Test func aLogoutFromHopctlReRoutesTheFlowBackThroughLogin() async throws {
+        let folder = try TemporaryDirectory()
+        let store = try await HopStore.open(path: folder.database)
+        try await store.markUsed(subject: "default", feature: "onboarding")
+        let daemon = try ChildProcess("hop-test-daemon", ["--db", folder.database, "--external", "--reroute"], directory: folder)
+        defer { daemon.kill() }
+        try await daemon.waitForOutput("parked login")
+        #expect(try await run("hopctl", ["session", "login", "alice", "--db", folder.database], in: folder).status == 0)
+        try await daemon.waitForOutput("parked main", timeout: .seconds(1))
+
+        let logout = try await run("hopctl", ["session", "logout", "--db", folder.database], in: folder)
+        #expect(logout.stdout.contains("run 1 was re-routed by the logout"), "\(logout.stdout)")
+        let noticed = ContinuousClock.now
+        try await waitUntil("the daemon parks at login again", timeout: .seconds(1)) {
+            daemon.stdout.components(separatedBy: "parked login").count == 3
+        }
+        #expect(ContinuousClock.now - noticed < .milliseconds(500))
+        let kinds = try await store.history(runID: 1).map { "\($0.kind.rawValue) \($0.step ?? "")" }
+        #expect(kinds.suffix(4) == ["hop main", "reroute main", "decision session", "hop login"])
+    }
+}
