@@ -67,6 +67,15 @@ let package = Package(
             exclude: ["hop-demo.service"]
         ),
         .executableTarget(
+            name: "hop-minimal-daemon",
+            dependencies: [
+                "HopEngine",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            path: "Examples/MinimalDaemon"
+        ),
+        .executableTarget(
             name: "hop-test-daemon",
             dependencies: ["HopEngine"],
             path: "Tests/HopTestDaemon"
@@ -97,7 +106,7 @@ let package = Package(
         ),
         .testTarget(
             name: "HopDemoTests",
-            dependencies: ["HopStore", "HopTestSupport", "hop-demo", "hopctl"]
+            dependencies: ["HopStore", "HopTestSupport", "hop-demo", "hop-minimal-daemon", "hopctl"]
         ),
     ],
     swiftLanguageModes: [.v6]

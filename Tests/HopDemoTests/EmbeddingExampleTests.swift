@@ -1,0 +1,54 @@
+import Foundation
+import HopStore
+import HopTestSupport
+import Testing
+
+/// The README's "Embedding in a daemon" example is `Examples/MinimalDaemon/MinimalDaemon.swift`,
+/// compiled as `hop-minimal-daemon`; these tests keep the two the same and run the daemon.
+@Suite struct EmbeddingExampleTests {
+    static let packageRoot = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+
+    @Test func theReadmeShowsTheCompiledExampleVerbatim() throws {
+        let readme = try String(contentsOf: Self.packageRoot.appendingPathComponent("README.md"), encoding: .utf8)
+        let source = try String(
+            contentsOf: Self.packageRoot.appendingPathComponent("Examples/MinimalDaemon/MinimalDaemon.swift"), encoding: .utf8)
+        let marker = "<!-- Examples/MinimalDaemon/MinimalDaemon.swift -->\n```swift\n"
+        let start = try #require(readme.range(of: marker), "README lacks the marker before the embedding example")
+        let end = try #require(readme.range(of: "```\n", range: start.upperBound..<readme.endIndex))
+        let shown = String(readme[start.upperBound..<end.lowerBound])
+        #expect(shown == source, "README's embedding example differs from Examples/MinimalDaemon/MinimalDaemon.swift; copy the file into the README")
+    }
+
+    @Test func theExampleDaemonRunsTheFlowIsReroutedByLogoutAndStopsOnSigterm() async throws {
+        let folder = try TemporaryDirectory()
+        let environment = ["HOP_DB": folder.database]
+        let daemon = try ChildProcess("hop-minimal-daemon", [], environment: environment, directory: folder)
+        defer { daemon.kill() }
+        let store = try await HopStore.open(path: folder.database)
+        func at(_ step: String) async throws {
+            try await waitUntil("the start-up run is parked at \(step)") {
+                let run = try await store.latestRun(flow: "startup", subject: "default")
+                return run?.status == .parked && run?.currentStep == step
+            }
+        }
+        func hopctl(_ arguments: [String]) async throws {
+            let result = try await run("hopctl", arguments + ["--db", folder.database], in: folder)
+            #expect(result.status == 0, "hopctl \(arguments): \(result.stderr)")
+        }
+        try await at("onboarding")
+        try await hopctl(["unhop", "--flow", "startup"])
+        try await at("login")
+        try await hopctl(["session", "login", "alice"])
+        try await at("main")
+        try await hopctl(["session", "logout"])
+        try await at("login")
+
+        daemon.kill(SIGTERM)
+        #expect(try await daemon.waitForExit() == 0, "\(daemon.stderr)")
+        #expect(!daemon.wasSignalled)
+        let history = try await run("hopctl", ["history", "--flow", "startup", "--db", folder.database], in: folder)
+        #expect(history.stdout.contains("reroute"), "\(history.stdout)")
+        let latest = try #require(try await store.latestRun(flow: "startup", subject: "default"))
+        #expect(latest.status == .parked && latest.currentStep == "login")
+    }
+}
