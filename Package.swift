@@ -9,6 +9,7 @@ let package = Package(
         .library(name: "HopEngine", targets: ["HopEngine"]),
         .executable(name: "hopctl", targets: ["hopctl"]),
         .executable(name: "hop-demo", targets: ["hop-demo"]),
+        .executable(name: "hop-bench", targets: ["hop-bench"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
@@ -65,6 +66,15 @@ let package = Package(
             ],
             path: "Examples/StartupDaemon",
             exclude: ["hop-demo.service"]
+        ),
+        .executableTarget(
+            name: "hop-bench",
+            dependencies: [
+                "HopEngine", "HopStore", "CSQLite", "hopctl",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            path: "Benchmarks/HopBench"
         ),
         .executableTarget(
             name: "hop-minimal-daemon",

@@ -1,0 +1,315 @@
+import Foundation
+import HopEngine
+import HopStore
+import Logging
+import Synchronization
+
+/// The benchmark's scenarios. Each runs in its own process (see `HopBench`) and returns its figures.
+struct Scenarios {
+    let folder: URL
+    let quick: Bool
+
+    static let quiet = Logger(label: "hop-bench", factory: { _ in SwiftLogNoOpLogHandler() })
+
+    func path(_ name: String) -> String { folder.appendingPathComponent(name).path }
+
+    func run(_ name: String) async throws -> [Figure] {
+        switch name {
+        case "durable-hops": try await durableHops(durability: .full, prefix: name)
+        case "durable-hops-normal": try await durableHops(durability: .normal, prefix: name)
+        case "concurrent-hops": try await concurrentHops()
+        case "startup-flow": try await startupFlow(durability: .full, prefix: name)
+        case "startup-flow-normal": try await startupFlow(durability: .normal, prefix: name)
+        case "resume": try await resume()
+        case "hopctl": try await hopctl()
+        case "parked-memory": try await parkedMemory()
+        default: throw BenchError("no scenario is named '\(name)'; the scenarios are \(HopBench.scenarios.joined(separator: ", "))")
+        }
+    }
+
+    private func engine(_ store: HopStore) -> HopEngine {
+        HopEngine(store: store, logger: Self.quiet, configuration: .init(engineID: "hop-bench"))
+    }
+
+    // MARK: durable-hops
+
+    /// One run performs `count` hop+unhop pairs through HopEngine, then the same statements
+    /// in the same transactions go through the raw C API.
+    private func durableHops(durability: HopStore.Durability, prefix: String) async throws -> [Figure] {
+        let count = durability == .full ? (quick ? 100 : 2000) : (quick ? 1000 : 20000)
+        let store = try await Fixtures.hopDatabase(path("\(prefix)-engine.sqlite"), durability: durability)
+        let engine = engine(store)
+        engine.register(
+            Flow("loop", version: "1") { flow in
+                for _ in 0..<count { try await flow.hop(to: "tick") }
+            })
+        engine.register(step: "tick") { _ in }
+        let engineSeconds = try await Measure.seconds {
+            let run = try await engine.start("loop")
+            let settled = try await engine.settled(runID: run.id)
+            guard settled?.status == .completed else { throw BenchError("the loop run ended \(settled?.status.rawValue ?? "missing")") }
+        }
+        let rawSeconds = try await rawPairs(count, path: path("\(prefix)-raw.sqlite"), durability: durability)
+        let engineRate = Double(count) / engineSeconds
+        let rawRate = Double(count) / rawSeconds
+        return [
+            Figure("\(prefix).engine", engineRate, "hops/s"),
+            Figure("\(prefix).raw", rawRate, "hops/s"),
+            Figure("\(prefix).ratio", engineRate / rawRate, "x"),
+        ]
+    }
+
+    /// The statements of `count` hop+unhop pairs of one run, as HopStore issues them, one
+    /// transaction each: read the run, read the last sequence number, append the history
+    /// entry, update the run. Returns the seconds taken.
+    func rawPairs(_ count: Int, path: String, durability: HopStore.Durability) async throws -> Double {
+        _ = try await Fixtures.hopDatabase(path, durability: durability)
+        let raw = try RawSQLite(path: path, synchronous: durability == .full ? "FULL" : "NORMAL")
+        let now = Int64(Date().timeIntervalSince1970 * 1000)
+        try raw.run(
+            "INSERT INTO runs (id, flow, subject, flow_version, status, created_at, updated_at) VALUES (1, 'loop', 'default', '1', 'running', ?1, ?1)",
+            [.integer(now)])
+        func write(_ kind: String, token: String, update: String, _ values: [RawSQLite.Value]) throws {
+            try raw.execute("BEGIN IMMEDIATE")
+            guard try raw.run("SELECT id FROM runs WHERE id = ?1 AND status = 'running'", [.integer(1)]) != nil else {
+                throw BenchError("the raw run is missing")
+            }
+            let seq = try raw.run("SELECT coalesce(max(seq), 0) FROM history WHERE run_id = ?1", [.integer(1)]) ?? 0
+            try raw.run(
+                "INSERT INTO history (run_id, seq, kind, step, token, value, at) VALUES (?1, ?2, ?3, 'tick', ?4, NULL, ?5)",
+                [.integer(1), .integer(seq + 1), .text(kind), .text(token), .integer(now)])
+            try raw.run(update, values)
+            try raw.execute("COMMIT")
+        }
+        return try await Measure.seconds {
+            for index in 0..<count {
+                let token = "token-\(index)"
+                try write(
+                    "hop", token: token,
+                    update: "UPDATE runs SET current_step = 'tick', current_token = ?2, status = 'running', updated_at = ?3 WHERE id = ?1",
+                    [.integer(1), .text(token), .integer(now)])
+                try write(
+                    "unhop", token: token,
+                    update: "UPDATE runs SET current_step = NULL, current_token = NULL, status = 'running', updated_at = ?2 WHERE id = ?1",
+                    [.integer(1), .integer(now)])
+            }
+        }
+    }
+
+    // MARK: concurrent-hops
+
+    /// 1,000 runs of a two-step flow hop at once in one engine.
+    private func concurrentHops() async throws -> [Figure] {
+        let runs = quick ? 200 : 1000
+        let store = try await Fixtures.hopDatabase(path("concurrent.sqlite"))
+        let engine = engine(store)
+        engine.register(
+            Flow("pair", version: "1") { flow in
+                try await flow.hop(to: "first")
+                try await flow.hop(to: "second")
+            })
+        engine.register(step: "first") { _ in }
+        engine.register(step: "second") { _ in }
+        let before = await store.commitStatistics
+        let seconds = try await Measure.seconds {
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                for index in 0..<runs {
+                    group.addTask {
+                        let run = try await engine.start("pair", subject: "device-\(index)")
+                        let settled = try await engine.settled(runID: run.id)
+                        guard settled?.status == .completed else { throw BenchError("run \(run.id) ended \(settled?.status.rawValue ?? "missing")") }
+                    }
+                }
+                try await group.waitForAll()
+            }
+        }
+        let after = await store.commitStatistics
+        let rawSeconds = try await rawPairs(quick ? 50 : 300, path: path("concurrent-raw.sqlite"), durability: .full)
+        let rate = Double(runs * 2) / seconds
+        let rawRate = Double(quick ? 50 : 300) / rawSeconds
+        return [
+            Figure("concurrent-hops.engine", rate, "hops/s"),
+            Figure("concurrent-hops.raw-single-run", rawRate, "hops/s"),
+            Figure("concurrent-hops.ratio", rate / rawRate, "x"),
+            Figure(
+                "concurrent-hops.writes-per-commit",
+                Double(after.writes - before.writes) / Double(max(1, after.transactions - before.transactions)), "writes"),
+        ]
+    }
+
+    // MARK: startup-flow
+
+    /// The demo's start-up flow, every step finishing at once, for many subjects: one after
+    /// another, then 100 at a time.
+    private func startupFlow(durability: HopStore.Durability, prefix: String) async throws -> [Figure] {
+        let sequential = durability == .full ? (quick ? 20 : 300) : (quick ? 200 : 3000)
+        let concurrent = durability == .full ? (quick ? 200 : 3000) : (quick ? 500 : 10000)
+        let store = try await Fixtures.hopDatabase(path("\(prefix).sqlite"), durability: durability)
+        let engine = engine(store)
+        engine.register(
+            Flow("startup", version: "1") { flow in
+                try await flow.hop(to: "splash")
+                if try await flow.isFirstUse("onboarding") {
+                    try await flow.hop(to: "onboarding")
+                    try await flow.markUsed("onboarding")
+                }
+                if try await flow.session() == nil {
+                    try await flow.hop(to: "login")
+                }
+                try await flow.hop(to: "main")
+            })
+        for step in ["splash", "onboarding", "login", "main"] { engine.register(step: step) { _ in } }
+        @Sendable func flow(_ subject: String) async throws {
+            let run = try await engine.start("startup", subject: subject)
+            let settled = try await engine.settled(runID: run.id)
+            guard settled?.status == .completed else { throw BenchError("run \(run.id) ended \(settled?.status.rawValue ?? "missing")") }
+        }
+        let sequentialSeconds = try await Measure.seconds {
+            for index in 0..<sequential { try await flow("sequential-\(index)") }
+        }
+        let concurrentSeconds = try await Measure.seconds {
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                for index in 0..<concurrent {
+                    if index >= 100 { try await group.next() }
+                    group.addTask { try await flow("concurrent-\(index)") }
+                }
+                try await group.waitForAll()
+            }
+        }
+        let hopsPerFlow = 4.0
+        return [
+            Figure("\(prefix).sequential.flows", Double(sequential) / sequentialSeconds, "flows/s"),
+            Figure("\(prefix).sequential.hops", Double(sequential) * hopsPerFlow / sequentialSeconds, "hops/s"),
+            Figure("\(prefix).concurrent-100.flows", Double(concurrent) / concurrentSeconds, "flows/s"),
+            Figure("\(prefix).concurrent-100.hops", Double(concurrent) * hopsPerFlow / concurrentSeconds, "hops/s"),
+        ]
+    }
+
+    // MARK: resume
+
+    /// An engine starts on a database of 100,000 unfinished runs, each in flight at one of ten
+    /// steps; how long until every run has re-entered its step, and the memory that took.
+    private func resume() async throws -> [Figure] {
+        let runs = quick ? 5000 : 100_000
+        let database = path("resume.sqlite")
+        do {
+            _ = try await Fixtures.hopDatabase(database)
+            try Fixtures.writeChainRuns(runs, to: database)
+        }
+        let entered = Atomic<Int>(0)
+        let before = Measure.memory().resident
+        Measure.resetPeakMemory()
+        var service: Task<Void, any Error>?
+        let seconds = try await Measure.seconds {
+            let engine = engine(try await HopStore.open(path: database))
+            engine.register(
+                Flow("chain", version: "1") { flow in
+                    for step in Fixtures.chainSteps { try await flow.hop(to: step) }
+                })
+            for step in Fixtures.chainSteps {
+                engine.register(step: step) { _ in
+                    entered.add(1, ordering: .relaxed)
+                    try await Task.sleep(for: .seconds(3600))
+                }
+            }
+            service = Task { try await engine.run() }
+            try await Measure.waitUntil("every run re-entered its step") { entered.load(ordering: .relaxed) >= runs }
+        }
+        let memory = Measure.memory()
+        service?.cancel()
+        _ = await service?.result
+        return [
+            Figure("resume.runs", Double(runs), "runs"),
+            Figure("resume.seconds", seconds, "s"),
+            Figure("resume.rate", Double(runs) / seconds, "runs/s"),
+            Figure("resume.peak-memory", memory.peak, "MiB"),
+            Figure("resume.memory-before", before, "MiB"),
+        ]
+    }
+
+    // MARK: hopctl
+
+    /// `hopctl status` and `hopctl history` as processes on a database of 1,000,000 history rows.
+    private func hopctl() async throws -> [Figure] {
+        let runs = quick ? 5000 : 100_000
+        let repeats = quick ? 5 : 20
+        let database = path("hopctl.sqlite")
+        _ = try await Fixtures.hopDatabase(database)
+        try Fixtures.writeChainRuns(runs, to: database)
+        let rows = try RawSQLite(path: database, synchronous: "NORMAL").run("SELECT count(*) FROM history") ?? 0
+        let executable = URL(fileURLWithPath: Self.executablePath).deletingLastPathComponent().appendingPathComponent("hopctl").path
+        guard FileManager.default.isExecutableFile(atPath: executable) else {
+            throw BenchError("hopctl is not built beside hop-bench (\(executable)); run `swift build -c release` first")
+        }
+        let subject = "subject-\(runs / 2 + 9)"  // in flight at its last step: the longest history
+        var figures = [Figure("hopctl.history-rows", Double(rows), "rows")]
+        for (name, arguments) in [
+            ("status", ["status", "--flow", "chain", "--subject", subject, "--db", database]),
+            ("history", ["history", "--flow", "chain", "--subject", subject, "--db", database]),
+        ] {
+            var times: [Double] = []
+            for attempt in 0...repeats {
+                let seconds = try await Measure.seconds { try Self.runProcess(executable, arguments) }
+                if attempt > 0 { times.append(seconds * 1000) }  // the first run warms the page cache
+            }
+            times.sort()
+            figures.append(Figure("hopctl.\(name).median", times[times.count / 2], "ms"))
+        }
+        return figures
+    }
+
+    static var executablePath: String {
+        (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
+    }
+
+    static func runProcess(_ executable: String, _ arguments: [String]) throws {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: executable)
+        process.arguments = arguments
+        process.standardOutput = FileHandle.nullDevice
+        let errors = Pipe()
+        process.standardError = errors
+        try process.run()
+        process.waitUntilExit()
+        guard process.terminationStatus == 0 else {
+            let message = String(decoding: errors.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+            throw BenchError("\(executable) \(arguments.joined(separator: " ")) failed: \(message)")
+        }
+    }
+
+    // MARK: parked-memory
+
+    /// An engine starts 100,000 runs that park on an external step; its memory once they are parked.
+    private func parkedMemory() async throws -> [Figure] {
+        let runs = quick ? 5000 : 100_000
+        let store = try await Fixtures.hopDatabase(path("parked.sqlite"), durability: .normal)
+        let engine = engine(store)
+        engine.register(Flow("park", version: "1") { flow in try await flow.hop(to: "wait") })
+        engine.register(step: "wait", .external)
+        let service = Task { try await engine.run() }
+        let before = Measure.memory().resident
+        Measure.resetPeakMemory()
+        let seconds = try await Measure.seconds {
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                for index in 0..<runs {
+                    if index >= 1000 { try await group.next() }
+                    group.addTask { _ = try await engine.start("park", subject: "device-\(index)") }
+                }
+                try await group.waitForAll()
+            }
+            try await Measure.waitUntil("every run parked") { await engine.executingCount == 0 }
+        }
+        let parked = try await store.unfinishedRuns(status: .parked, flows: ["park"]).count
+        guard parked == runs else { throw BenchError("\(parked) of \(runs) runs parked") }
+        let memory = Measure.memory()
+        service.cancel()
+        _ = await service.result
+        return [
+            Figure("parked-memory.runs", Double(runs), "runs"),
+            Figure("parked-memory.resident", memory.resident, "MiB"),
+            Figure("parked-memory.peak", memory.peak, "MiB"),
+            Figure("parked-memory.memory-before", before, "MiB"),
+            Figure("parked-memory.park-rate", Double(runs) / seconds, "runs/s"),
+        ]
+    }
+}
