@@ -96,6 +96,16 @@ let package = Package(
             path: "Tests/HopTestStore"
         ),
         .target(
+            name: "CHopFaultVFS",
+            dependencies: ["CSQLite"],
+            path: "Tests/CHopFaultVFS"
+        ),
+        .executableTarget(
+            name: "hop-test-faults",
+            dependencies: ["HopEngine", "CHopFaultVFS", .product(name: "Logging", package: "swift-log")],
+            path: "Tests/HopTestFaults"
+        ),
+        .target(
             name: "HopTestSupport",
             path: "Tests/HopTestSupport"
         ),
@@ -113,6 +123,13 @@ let package = Package(
         .testTarget(
             name: "hopctlTests",
             dependencies: ["HopEngine", "HopTestSupport", "hopctl", "hop-test-daemon"]
+        ),
+        .testTarget(
+            name: "HopReliabilityTests",
+            dependencies: [
+                "HopEngine", "HopStore", "CSQLite", "CHopFaultVFS", "HopTestSupport", "hop-test-faults", "hopctl",
+                .product(name: "Logging", package: "swift-log"),
+            ]
         ),
         .testTarget(
             name: "HopDemoTests",

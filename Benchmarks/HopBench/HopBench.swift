@@ -52,7 +52,9 @@ struct HopBench: AsyncParsableCommand {
         if let child {
             let scenarios = Scenarios(folder: base, quick: quick)
             for figure in try await scenarios.run(child) { print(figure.line) }
-            return
+            // Steps a scenario left in flight are not waited for: the process ends here.
+            fflush(nil)
+            Foundation.exit(0)
         }
         let workspace = base.appendingPathComponent("hop-bench-\(UUID().uuidString.prefix(8))")
         try FileManager.default.createDirectory(at: workspace, withIntermediateDirectories: true)

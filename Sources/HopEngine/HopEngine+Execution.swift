@@ -82,7 +82,7 @@ extension HopEngine {
             }
         } catch let error as HopEngineError where error.kind == .stepFailed {
             logger.error("run failed", metadata: ["hop.error": "\(error)"])
-        } catch let error as HopStoreError where error.kind != .invalidInput && error.kind != .refused && error.kind != .notFound {
+        } catch let error as HopStoreError where error.isDatabaseFailure {
             // The database failed (busy, I/O): nothing was recorded, so the run stays resumable.
             logger.error("run stopped by a database error; it stays resumable", metadata: ["hop.error": "\(error)"])
             try? await store.release(runID: run.id, owner: id)
@@ -143,6 +143,10 @@ extension HopEngine {
                 return StepOutput(json: unhopper.result.output)
             } catch {
                 if Task.isCancelled { throw error }
+                // The database failed (I/O, full disk, busy) while the step unhopped or read it:
+                // that is no fault of the step's, so it is not retried or failed; the run stops
+                // and stays resumable.
+                if let failure = error as? HopStoreError, failure.isDatabaseFailure { throw failure }
                 if let current = try await store.run(id: run.runID), !current.status.isUnfinished || current.owner != id {
                     run.stop(Suspension.finished)
                     throw Suspension.finished

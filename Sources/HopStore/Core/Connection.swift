@@ -12,7 +12,7 @@ final class Connection {
     private(set) var isInTransaction = false
 
     /// Opens the database at `path`, creating it (mode 0600, folder included) when `create` is set.
-    init(path: String, create: Bool, durability: HopStore.Durability, busyTimeout: Duration) throws {
+    init(path: String, create: Bool, durability: HopStore.Durability, busyTimeout: Duration, vfs: String? = nil) throws {
         self.path = path
         if create {
             try Self.createFileIfMissing(path)
@@ -21,7 +21,7 @@ final class Connection {
         }
         var opened: OpaquePointer?
         let flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_EXRESCODE
-        let code = sqlite3_open_v2(path, &opened, flags, nil)
+        let code = sqlite3_open_v2(path, &opened, flags, vfs)
         guard code == SQLITE_OK, let opened else {
             let message = opened.map { String(cString: sqlite3_errmsg($0)) } ?? "out of memory"
             sqlite3_close_v2(opened)

@@ -59,6 +59,15 @@ public struct HopStoreError: Error, Sendable, CustomStringConvertible {
         self.sqliteMessage = sqliteMessage
     }
 
+    /// Whether the database itself failed (I/O, a full disk, a busy lock, SQLite), rather than
+    /// refusing a request or input: nothing was changed, and the same call may succeed later.
+    public var isDatabaseFailure: Bool {
+        switch kind {
+        case .invalidInput, .refused, .notFound: false
+        default: true
+        }
+    }
+
     /// What failed, where, why, and what to do, in one message.
     public var description: String {
         var text = "\(operation) failed (database \(path)): \(reason)"

@@ -36,6 +36,10 @@ public actor HopStore {
         public var migrate = true
         /// The migrations to apply; every migration compiled into the binary by default.
         public var migrations: [Migration] = Migration.all
+        /// The name of a registered SQLite VFS to open the file through (`nil`: SQLite's default,
+        /// the unix VFS). For tests that inject I/O faults, or special file systems.
+        /// See https://www.sqlite.org/vfs.html.
+        public var vfs: String?
 
         public init(
             durability: Durability = .full, busyTimeout: Duration = .seconds(5),
@@ -89,7 +93,7 @@ public actor HopStore {
             return try await executor.perform {
                 let connection = try Connection(
                     path: path, create: options.createIfMissing, durability: options.durability,
-                    busyTimeout: options.busyTimeout)
+                    busyTimeout: options.busyTimeout, vfs: options.vfs)
                 let version = options.migrate
                     ? try Migrator.migrate(connection, migrations: options.migrations)
                     : try Migrator.verify(connection, migrations: options.migrations)

@@ -1,0 +1,65 @@
+import CHopFaultVFS
+import Foundation
+import HopEngine
+import HopStore
+import Logging
+import Synchronization
+
+/// The start-up flow with every step finishing at once, as the reliability tests run it.
+func registerInstantStartup(on engine: HopEngine) {
+    engine.register(
+        Flow("startup", version: "1") { flow in
+            try await flow.hop(to: "splash")
+            if try await flow.isFirstUse("onboarding") {
+                try await flow.hop(to: "onboarding")
+                try await flow.markUsed("onboarding")
+            }
+            if try await flow.session() == nil {
+                try await flow.hop(to: "login")
+            }
+            try await flow.hop(to: "main")
+        })
+    for step in ["splash", "onboarding", "login", "main"] { engine.register(step: step) { _ in } }
+}
+
+/// The start-up flow's history when nothing goes wrong.
+let referencePath = [
+    "hop splash", "unhop splash", "decision isFirstUse(onboarding)", "hop onboarding", "unhop onboarding",
+    "effect markUsed(onboarding)", "decision session", "hop login", "unhop login", "hop main", "unhop main", "complete -",
+]
+
+/// A run's history as "kind step" lines.
+func historyPath(_ store: HopStore, runID: Int64) async throws -> [String] {
+    try await store.history(runID: runID).map { "\($0.kind.rawValue) \($0.step ?? "-")" }
+}
+
+/// Options that open a store through the fault-injection VFS.
+func faultOptions() -> HopStore.Options {
+    _ = hop_fault_vfs_register()
+    var options = HopStore.Options()
+    options.vfs = "hopfault"
+    return options
+}
+
+/// Keeps the error-level messages an engine logs.
+final class ErrorLog: Sendable {
+    let messages = Mutex<[String]>([])
+
+    func handler(label: String) -> LogHandler { Handler(log: self) }
+
+    struct Handler: LogHandler {
+        let log: ErrorLog
+        var metadata: Logger.Metadata = [:]
+        var logLevel: Logger.Level = .error
+
+        subscript(metadataKey key: String) -> Logger.Metadata.Value? {
+            get { metadata[key] }
+            set { metadata[key] = newValue }
+        }
+
+        func log(event: LogEvent) {
+            let error = event.metadata?["hop.error"].map { "\($0)" } ?? ""
+            log.messages.withLock { $0.append("\(event.message) \(error)") }
+        }
+    }
+}

@@ -1,0 +1,70 @@
+// A helper process for the reliability tests: runs the start-up flow (every step finishing at
+// once) through the fault-injection VFS, printing each history entry once its commit returned.
+//
+//   hop-test-faults --db PATH [--power-loss-at N] [--normal]
+//
+// With --power-loss-at, the power is "cut" at the Nth sync: writes not yet synced are dropped
+// and the process exits 86. Prints `ack SEQ KIND STEP` per acknowledged entry, then `completed`.
+import CHopFaultVFS
+import Foundation
+import HopEngine
+import HopStore
+import Logging
+
+func say(_ line: String) {
+    FileHandle.standardOutput.write(Data((line + "\n").utf8))  // unbuffered: lines survive _exit
+}
+
+var arguments = CommandLine.arguments.dropFirst()
+var database: String?
+var powerLossAt = 0
+var durability = HopStore.Durability.full
+while let argument = arguments.popFirst() {
+    switch argument {
+    case "--db": database = arguments.popFirst()
+    case "--power-loss-at": powerLossAt = arguments.popFirst().flatMap { Int($0) } ?? 0
+    case "--normal": durability = .normal
+    default:
+        FileHandle.standardError.write(Data("hop-test-faults: unknown argument \(argument)\n".utf8))
+        exit(64)
+    }
+}
+guard let database else {
+    FileHandle.standardError.write(Data("hop-test-faults: --db PATH is required\n".utf8))
+    exit(64)
+}
+guard hop_fault_vfs_register() == 0 else { exit(70) }
+hop_fault_vfs_power_loss_at(powerLossAt)
+
+let logger = Logger(label: "hop-test-faults", factory: { _ in SwiftLogNoOpLogHandler() })
+do {
+    var options = HopStore.Options(durability: durability)
+    options.vfs = "hopfault"
+    let store = try await HopStore.open(path: database, options: options)
+    let engine = HopEngine(
+        store: store, logger: logger,
+        configuration: .init(
+            observer: { event in
+                if case .recorded(_, let entry) = event { say("ack \(entry.seq) \(entry.kind.rawValue) \(entry.step ?? "-")") }
+            },
+            engineID: "hop-test-faults"))  // a restarted helper takes its runs back at once
+    engine.register(
+        Flow("startup", version: "1") { flow in
+            try await flow.hop(to: "splash")
+            if try await flow.isFirstUse("onboarding") {
+                try await flow.hop(to: "onboarding")
+                try await flow.markUsed("onboarding")
+            }
+            if try await flow.session() == nil {
+                try await flow.hop(to: "login")
+            }
+            try await flow.hop(to: "main")
+        })
+    for step in ["splash", "onboarding", "login", "main"] { engine.register(step: step) { _ in } }
+    let run = try await engine.start("startup")
+    let settled = try await engine.settled(runID: run.id)
+    say(settled?.status.rawValue ?? "missing")
+} catch {
+    FileHandle.standardError.write(Data("hop-test-faults: \(error)\n".utf8))
+    exit(1)
+}
