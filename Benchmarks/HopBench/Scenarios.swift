@@ -33,67 +33,38 @@ struct Scenarios {
 
     // MARK: durable-hops
 
-    /// One run performs `count` hop+unhop pairs through HopEngine, then the same statements
-    /// in the same transactions go through the raw C API.
+    /// Runs perform hop+unhop pairs through HopEngine, then the same statements in the same
+    /// transactions go through the raw C API; in five alternating rounds, so that both see
+    /// the same disk and machine.
     private func durableHops(durability: HopStore.Durability, prefix: String) async throws -> [Figure] {
         let count = durability == .full ? (quick ? 100 : 2000) : (quick ? 1000 : 20000)
+        let rounds = 5
+        let perRound = count / rounds
         let store = try await Fixtures.hopDatabase(path("\(prefix)-engine.sqlite"), durability: durability)
         let engine = engine(store)
         engine.register(
             Flow("loop", version: "1") { flow in
-                for _ in 0..<count { try await flow.hop(to: "tick") }
+                for _ in 0..<perRound { try await flow.hop(to: "tick") }
             })
         engine.register(step: "tick") { _ in }
-        let engineSeconds = try await Measure.seconds {
-            let run = try await engine.start("loop")
-            let settled = try await engine.settled(runID: run.id)
-            guard settled?.status == .completed else { throw BenchError("the loop run ended \(settled?.status.rawValue ?? "missing")") }
+        let raw = try await RawBaseline(path: path("\(prefix)-raw.sqlite"), durability: durability)
+        var engineSeconds = 0.0
+        var rawSeconds = 0.0
+        for round in 0..<rounds {
+            engineSeconds += try await Measure.seconds {
+                let run = try await engine.start("loop", subject: "round-\(round)")
+                let settled = try await engine.settled(runID: run.id)
+                guard settled?.status == .completed else { throw BenchError("the loop run ended \(settled?.status.rawValue ?? "missing")") }
+            }
+            rawSeconds += try await raw.pairs(perRound)
         }
-        let rawSeconds = try await rawPairs(count, path: path("\(prefix)-raw.sqlite"), durability: durability)
-        let engineRate = Double(count) / engineSeconds
-        let rawRate = Double(count) / rawSeconds
+        let engineRate = Double(perRound * rounds) / engineSeconds
+        let rawRate = Double(perRound * rounds) / rawSeconds
         return [
             Figure("\(prefix).engine", engineRate, "hops/s"),
             Figure("\(prefix).raw", rawRate, "hops/s"),
             Figure("\(prefix).ratio", engineRate / rawRate, "x"),
         ]
-    }
-
-    /// The statements of `count` hop+unhop pairs of one run, as HopStore issues them, one
-    /// transaction each: read the run, read the last sequence number, append the history
-    /// entry, update the run. Returns the seconds taken.
-    func rawPairs(_ count: Int, path: String, durability: HopStore.Durability) async throws -> Double {
-        _ = try await Fixtures.hopDatabase(path, durability: durability)
-        let raw = try RawSQLite(path: path, synchronous: durability == .full ? "FULL" : "NORMAL")
-        let now = Int64(Date().timeIntervalSince1970 * 1000)
-        try raw.run(
-            "INSERT INTO runs (id, flow, subject, flow_version, status, created_at, updated_at) VALUES (1, 'loop', 'default', '1', 'running', ?1, ?1)",
-            [.integer(now)])
-        func write(_ kind: String, token: String, update: String, _ values: [RawSQLite.Value]) throws {
-            try raw.execute("BEGIN IMMEDIATE")
-            guard try raw.run("SELECT id FROM runs WHERE id = ?1 AND status = 'running'", [.integer(1)]) != nil else {
-                throw BenchError("the raw run is missing")
-            }
-            let seq = try raw.run("SELECT coalesce(max(seq), 0) FROM history WHERE run_id = ?1", [.integer(1)]) ?? 0
-            try raw.run(
-                "INSERT INTO history (run_id, seq, kind, step, token, value, at) VALUES (?1, ?2, ?3, 'tick', ?4, NULL, ?5)",
-                [.integer(1), .integer(seq + 1), .text(kind), .text(token), .integer(now)])
-            try raw.run(update, values)
-            try raw.execute("COMMIT")
-        }
-        return try await Measure.seconds {
-            for index in 0..<count {
-                let token = "token-\(index)"
-                try write(
-                    "hop", token: token,
-                    update: "UPDATE runs SET current_step = 'tick', current_token = ?2, status = 'running', updated_at = ?3 WHERE id = ?1",
-                    [.integer(1), .text(token), .integer(now)])
-                try write(
-                    "unhop", token: token,
-                    update: "UPDATE runs SET current_step = NULL, current_token = NULL, status = 'running', updated_at = ?2 WHERE id = ?1",
-                    [.integer(1), .integer(now)])
-            }
-        }
     }
 
     // MARK: concurrent-hops
@@ -124,7 +95,7 @@ struct Scenarios {
             }
         }
         let after = await store.commitStatistics
-        let rawSeconds = try await rawPairs(quick ? 50 : 300, path: path("concurrent-raw.sqlite"), durability: .full)
+        let rawSeconds = try await RawBaseline(path: path("concurrent-raw.sqlite"), durability: .full).pairs(quick ? 50 : 300)
         let rate = Double(runs * 2) / seconds
         let rawRate = Double(quick ? 50 : 300) / rawSeconds
         return [
@@ -322,5 +293,54 @@ final class Gate: Sendable {
 
     func wait() async {
         await withCheckedContinuation { continuation in waiting.withLock { $0.append(continuation) } }
+    }
+}
+
+/// The physical baseline of a hop: the statements of hop+unhop pairs of one run, as HopStore
+/// issues them, one transaction each (read the run, read the last sequence number, append
+/// the history entry, update the run), through the raw C API with prepared statements.
+final class RawBaseline {
+    private let raw: RawSQLite
+    private var pairsDone = 0
+
+    init(path: String, durability: HopStore.Durability) async throws {
+        _ = try await Fixtures.hopDatabase(path, durability: durability)
+        raw = try RawSQLite(path: path, synchronous: durability == .full ? "FULL" : "NORMAL")
+        try raw.run(
+            "INSERT INTO runs (id, flow, subject, flow_version, status, created_at, updated_at) VALUES (1, 'loop', 'default', '1', 'running', ?1, ?1)",
+            [.integer(Int64(Date().timeIntervalSince1970 * 1000))])
+    }
+
+    /// Performs `count` hop+unhop pairs; returns the seconds taken.
+    func pairs(_ count: Int) async throws -> Double {
+        let now = Int64(Date().timeIntervalSince1970 * 1000)
+        let first = pairsDone
+        pairsDone += count
+        return try await Measure.seconds {
+            for index in first..<(first + count) {
+                let token = "token-\(index)"
+                try write(
+                    "hop", token: token, now: now,
+                    update: "UPDATE runs SET current_step = 'tick', current_token = ?2, status = 'running', updated_at = ?3 WHERE id = ?1",
+                    [.integer(1), .text(token), .integer(now)])
+                try write(
+                    "unhop", token: token, now: now,
+                    update: "UPDATE runs SET current_step = NULL, current_token = NULL, status = 'running', updated_at = ?2 WHERE id = ?1",
+                    [.integer(1), .integer(now)])
+            }
+        }
+    }
+
+    private func write(_ kind: String, token: String, now: Int64, update: String, _ values: [RawSQLite.Value]) throws {
+        try raw.execute("BEGIN IMMEDIATE")
+        guard try raw.run("SELECT id FROM runs WHERE id = ?1 AND status = 'running'", [.integer(1)]) != nil else {
+            throw BenchError("the raw run is missing")
+        }
+        let seq = try raw.run("SELECT coalesce(max(seq), 0) FROM history WHERE run_id = ?1", [.integer(1)]) ?? 0
+        try raw.run(
+            "INSERT INTO history (run_id, seq, kind, step, token, value, at) VALUES (?1, ?2, ?3, 'tick', ?4, NULL, ?5)",
+            [.integer(1), .integer(seq + 1), .text(kind), .text(token), .integer(now)])
+        try raw.run(update, values)
+        try raw.execute("COMMIT")
     }
 }

@@ -1,13 +1,16 @@
 import CoreMetrics
+import Synchronization
 
 /// The engine's metrics, through swift-metrics: counters of hops, unhops, resumes and
 /// divergences, and a timer of step durations by step.
-struct EngineMetrics: Sendable {
+final class EngineMetrics: Sendable {
     let factory: any MetricsFactory
     let hops: Counter
     let unhops: Counter
     let resumes: Counter
     let divergences: Counter
+    /// One timer per step, made on its first use.
+    private let stepTimers = Mutex<[String: Timer]>([:])
 
     init(factory: any MetricsFactory) {
         self.factory = factory
@@ -19,7 +22,12 @@ struct EngineMetrics: Sendable {
 
     func stepDuration(_ step: String, _ duration: Duration) {
         let nanoseconds = duration.components.seconds * 1_000_000_000 + duration.components.attoseconds / 1_000_000_000
-        Timer(label: "hop_step_duration_seconds", dimensions: [("step", step)], factory: factory)
-            .recordNanoseconds(nanoseconds)
+        let timer = stepTimers.withLock { timers in
+            if let timer = timers[step] { return timer }
+            let timer = Timer(label: "hop_step_duration_seconds", dimensions: [("step", step)], factory: factory)
+            timers[step] = timer
+            return timer
+        }
+        timer.recordNanoseconds(nanoseconds)
     }
 }

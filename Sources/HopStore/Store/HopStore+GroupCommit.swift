@@ -57,30 +57,43 @@ extension HopStore {
         guard !batch.isEmpty else { return }
         let operation = batch.count == 1 ? batch[0].operation : "\(batch[0].operation) and \(batch.count - 1) more writes"
         do {
-            try connection.execute("BEGIN IMMEDIATE", operation: operation)
+            try connection.run("BEGIN IMMEDIATE", [], operation: operation)
         } catch {
             for write in batch { write.finish(error) }
             return
         }
         var failures: [(any Error)?] = []
         failures.reserveCapacity(batch.count)
-        for write in batch {
+        if batch.count == 1 {
+            // Alone in its transaction: no savepoint needed, a failure rolls the transaction back.
             do {
-                try connection.execute("SAVEPOINT hop_write", operation: write.operation)
+                try batch[0].apply()
+                failures.append(nil)
+            } catch {
+                connection.rollback()
+                batch[0].finish(error)
+                return
+            }
+        } else {
+            for write in batch {
                 do {
-                    try write.apply()
-                    try connection.execute("RELEASE hop_write", operation: write.operation)
-                    failures.append(nil)
+                    try connection.run("SAVEPOINT hop_write", [], operation: write.operation)
+                    do {
+                        try write.apply()
+                        try connection.run("RELEASE hop_write", [], operation: write.operation)
+                        failures.append(nil)
+                    } catch {
+                        try connection.run("ROLLBACK TO hop_write", [], operation: write.operation)
+                        try connection.run("RELEASE hop_write", [], operation: write.operation)
+                        failures.append(error)
+                    }
                 } catch {
-                    try connection.execute("ROLLBACK TO hop_write; RELEASE hop_write", operation: write.operation)
                     failures.append(error)
                 }
-            } catch {
-                failures.append(error)
             }
         }
         do {
-            try connection.execute("COMMIT", operation: operation)
+            try connection.run("COMMIT", [], operation: operation)
             statistics.transactions += 1
             statistics.writes += failures.count { $0 == nil }
             for (write, failure) in zip(batch, failures) { write.finish(failure) }

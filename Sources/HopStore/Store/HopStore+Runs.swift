@@ -179,7 +179,7 @@ extension HopStore {
             }
             let token = Token.random()
             let deadlineValue = deadline.map { #"{"deadline":\#(Clock.milliseconds($0))}"# }
-            let event = try append(runID: runID, .hop, step: step, token: token, value: deadlineValue, operation: operation)
+            let event = try append(runID: runID, .hop, step: step, token: token, value: deadlineValue, touchesRun: false, operation: operation)
             try connection.run(
                 """
                 UPDATE runs SET current_step = ?2, current_token = ?3, status = ?4, wake_on = ?5, wake_at = ?6,
@@ -342,7 +342,7 @@ extension HopStore {
                 .refused, operation, "the token is stale or unknown: it is not the token of step '\(run.currentStep ?? "?")' in flight",
                 hint: "Read the current token again (`hopctl status`) and retry")
         }
-        let event = try append(runID: run.id, kind, step: step, token: token, value: value, operation: operation)
+        let event = try append(runID: run.id, kind, step: step, token: token, value: value, touchesRun: false, operation: operation)
         try connection.run(
             """
             UPDATE runs SET current_step = NULL, current_token = NULL, wake_on = NULL, wake_at = NULL, status = 'running',
@@ -354,8 +354,11 @@ extension HopStore {
     }
 
     @discardableResult
+    /// Appends one history entry to run `runID` and, unless the caller updates the run's row
+    /// itself (`touchesRun: false`), its `updated_at`.
     func append(
-        runID: Int64, _ kind: HistoryKind, step: String? = nil, token: String? = nil, value: String? = nil, operation: String
+        runID: Int64, _ kind: HistoryKind, step: String? = nil, token: String? = nil, value: String? = nil,
+        touchesRun: Bool = true, operation: String
     ) throws -> HistoryEvent {
         let now = Clock.nowMilliseconds()
         let seq = (try connection.queryOne(
@@ -364,7 +367,9 @@ extension HopStore {
             "INSERT INTO history (run_id, seq, kind, step, token, value, at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
             [.integer(runID), .integer(seq + 1), .text(kind.rawValue), .optional(step), .optional(token), .optional(value), .integer(now)],
             operation: operation)
-        try connection.run("UPDATE runs SET updated_at = ?2 WHERE id = ?1", [.integer(runID), .integer(now)], operation: operation)
+        if touchesRun {
+            try connection.run("UPDATE runs SET updated_at = ?2 WHERE id = ?1", [.integer(runID), .integer(now)], operation: operation)
+        }
         return HistoryEvent(runID: runID, seq: seq + 1, kind: kind, step: step, token: token, value: value, at: Clock.date(now))
     }
 
