@@ -52,6 +52,13 @@ enum Measure {
         try? "5".write(toFile: "/proc/self/clear_refs", atomically: false, encoding: .utf8)
     }
 
+    /// Asks glibc's malloc to return its free memory to the system (`malloc_trim(0)`), so that
+    /// the resident size that follows counts what is in use rather than what was freed.
+    static func releaseFreeMemory() {
+        guard let symbol = dlsym(nil, "malloc_trim") else { return }
+        _ = unsafeBitCast(symbol, to: (@convention(c) (Int) -> Int32).self)(0)
+    }
+
     /// Waits until `condition` holds, checking every millisecond.
     static func waitUntil(_ what: String, timeout: Duration = .seconds(600), _ condition: () async throws -> Bool) async throws {
         let deadline = ContinuousClock.now.advanced(by: timeout)

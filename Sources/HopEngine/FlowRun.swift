@@ -29,6 +29,16 @@ public final class FlowRun: Sendable {
         var stopped: Error?
 
         var next: HistoryEvent? { position < history.count ? history[position] : nil }
+
+        /// Moves past the next entry; once the whole history is replayed, lets it go (a run
+        /// may then wait in a step for a long time, and thousands may).
+        mutating func advance() {
+            position += 1
+            if position >= history.count {
+                history = []
+                position = 0
+            }
+        }
     }
 
     init(run: RunRecord, definition: Flow, history: [HistoryEvent], engine: HopEngine, store: HopStore) {
@@ -39,7 +49,8 @@ public final class FlowRun: Sendable {
         self.definition = definition
         self.engine = engine
         self.store = store
-        state = Mutex(ReplayState(history: history.filter(\.kind.isReplayed)))
+        let replayed = history.allSatisfy(\.kind.isReplayed) ? history : history.filter(\.kind.isReplayed)
+        state = Mutex(ReplayState(history: replayed))
     }
 
     /// Whether the run is still replaying its history (the calls return recorded results).
@@ -63,25 +74,52 @@ public final class FlowRun: Sendable {
     public func hop(
         to step: String, timeout: Duration? = nil, transition: (@Sendable (Transition) async throws -> Void)? = nil
     ) async throws -> StepOutput {
-        let replayed = try state.withLock { state -> (hop: HistoryEvent, end: HistoryEvent?)? in
+        // Kept lean: this frame stays allocated while the step runs (see HopEngine.perform).
+        switch try replayHop(to: step) {
+        case .ended(let output):
+            return output
+        case .inFlight(let token, let deadline):
+            // In flight when the run stopped: enter it again, with the deadline it had.
+            return try await engine.enter(step: step, token: token, deadline: deadline, run: self, isReentry: true)
+        case .new:
+            let (token, deadline) = try await recordHop(to: step, timeout: timeout, transition: transition)
+            return try await engine.enter(step: step, token: token, deadline: deadline, run: self, isReentry: false)
+        }
+    }
+
+    private enum ReplayedHop {
+        /// The history holds the hop and its end: the step is not entered again.
+        case ended(StepOutput)
+        /// The history holds the hop only: the step was in flight.
+        case inFlight(token: String, deadline: Date?)
+        /// Past the end of the history: a new hop.
+        case new
+    }
+
+    @inline(never)
+    private func replayHop(to step: String) throws -> ReplayedHop {
+        try state.withLock { state -> ReplayedHop in
             try checkNotStopped(state)
-            guard let event = state.next else { return nil }
+            guard let event = state.next else { return .new }
             guard event.kind == .hop, event.step == step else {
                 throw diverged(state, asked: "hop to '\(step)'")
             }
-            state.position += 1
+            state.advance()
             state.lastStep = step
-            guard let after = state.next, after.kind.endsStep else { return (event, nil) }
+            guard let after = state.next, after.kind.endsStep else {
+                return .inFlight(token: event.token ?? "", deadline: Self.deadline(of: event))
+            }
             guard after.token == event.token else { throw diverged(state, asked: "the end of '\(step)'") }
-            state.position += 1
-            return (event, after)
+            state.advance()
+            return .ended(Self.output(of: after))
         }
-        if let replayed {
-            if let end = replayed.end { return Self.output(of: end) }
-            // In flight when the run stopped: enter it again, with the deadline it had.
-            return try await engine.enter(
-                step: step, token: replayed.hop.token ?? "", deadline: Self.deadline(of: replayed.hop), run: self, isReentry: true)
-        }
+    }
+
+    /// Runs the transition hook, then records a new hop to `step`; returns its token and deadline.
+    @inline(never)
+    private func recordHop(
+        to step: String, timeout: Duration?, transition: (@Sendable (Transition) async throws -> Void)?
+    ) async throws -> (token: String, deadline: Date?) {
         let from = state.withLock { $0.lastStep }
         let hook = transition ?? definition.transition
         if let hook {
@@ -90,7 +128,7 @@ public final class FlowRun: Sendable {
         let deadline = timeout.map { Date().addingTimeInterval(Self.seconds($0)) }
         let event = try await engine.recordHop(run: self, step: step, from: hook == nil ? nil : from, deadline: deadline)
         state.withLock { $0.lastStep = step }
-        return try await engine.enter(step: step, token: event.token ?? "", deadline: deadline, run: self, isReentry: false)
+        return (event.token ?? "", deadline)
     }
 
     private static func output(of end: HistoryEvent) -> StepOutput {
@@ -124,7 +162,7 @@ public final class FlowRun: Sendable {
             guard event.kind == .timer, event.step == name else {
                 throw diverged(state, asked: "timer '\(name)'")
             }
-            state.position += 1
+            state.advance()
             return event
         }
         let deadline: Date
@@ -159,7 +197,7 @@ public final class FlowRun: Sendable {
             guard event.kind == .decision, event.step == name else {
                 throw diverged(state, asked: "decision '\(name)'")
             }
-            state.position += 1
+            state.advance()
             return .some(event.value)
         }
         if let recorded {
@@ -204,7 +242,7 @@ public final class FlowRun: Sendable {
             guard event.kind == .effect, event.step == name else {
                 throw diverged(state, asked: "effect '\(name)'")
             }
-            state.position += 1
+            state.advance()
             return true
         }
         if replayed { return }

@@ -1,11 +1,15 @@
 import Foundation
 import HopStore
 import Logging
+import Synchronization
 
 extension HopEngine {
     /// Executes `run` in a task of its own, unless this engine is executing it already
     /// (then it executes once more as soon as the current execution settles).
-    func execute(_ run: RunRecord) {
+    ///
+    /// - Parameter claimed: the run's history, when this engine has already claimed the run
+    ///   and read it (a resume of many runs does both in bulk).
+    func execute(_ run: RunRecord, claimed: [HistoryEvent]? = nil) {
         guard executing[run.id] == nil else {
             executeAgain.insert(run.id)
             return
@@ -14,8 +18,10 @@ extension HopEngine {
             logger.warning("a run of an unregistered flow is not executed", metadata: metadata(run))
             return
         }
+        // The task holds the history only until the run has opened it (see ClaimedHistory).
+        let claimed = claimed.map(ClaimedHistory.init)
         executing[run.id] = Task { [self] in
-            await self.perform(run, definition: definition)
+            await self.perform(run, definition: definition, claimed: claimed)
             await self.didSettle(run.id)
         }
     }
@@ -38,41 +44,89 @@ extension HopEngine {
             + Double(configuration.leaseDuration.components.attoseconds) / 1e18)
     }
 
+    // A run's task stays suspended inside its step for as long as the step takes, holding the
+    // async frames of every function between the task and the step. With thousands of runs in
+    // flight those frames are the engine's memory, so the functions on that path (perform,
+    // FlowRun.hop, enter, runStep) keep few locals and leave logging and error handling to
+    // helpers that are not inlined into them.
+
     /// Runs the flow body against the run's history until it completes, parks, fails or is stopped.
-    private nonisolated func perform(_ run: RunRecord, definition: Flow) async {
-        var logger = self.logger
-        logger[metadataKey: "hop.run"] = "\(run.id)"
-        logger[metadataKey: "hop.flow"] = "\(run.flow)"
-        logger[metadataKey: "hop.subject"] = "\(run.subject)"
+    @inline(never)
+    private nonisolated func perform(_ run: RunRecord, definition: Flow, claimed: ClaimedHistory?) async {
         var flowRun: FlowRun?
         do {
-            guard try await store.claim(runID: run.id, owner: id, until: leaseEnd) != nil else {
-                logger.debug("run is held by another engine or no longer runs; not executing it")
-                return
-            }
-            let history = try await store.history(runID: run.id)
-            let replaying = history.filter(\.kind.isReplayed).count
-            notify(.executing(run: ref(run), replaying: replaying))
-            if replaying > 0 {
-                metrics.resumes.increment()
-                logger.info("resuming run", metadata: ["hop.replaying": "\(replaying)"])
-            }
-            let handle = FlowRun(run: run, definition: definition, history: history, engine: self, store: store)
+            guard let handle = try await open(run, definition: definition, claimed: claimed) else { return }
             flowRun = handle
             try await definition.body(handle)
-            try handle.finish()
-            try await record(run: handle, kind: .complete, name: nil) {
-                try await self.store.completeRun(runID: run.id, owner: self.id)
-            }
-            logger.info("run completed")
-        } catch Suspension.parked(let step) {
+            try await complete(handle)
+        } catch {
+            await settle(run, after: error, flowRun: flowRun)
+        }
+    }
+
+    /// Claims the run (unless `claimed` holds its history) and reads its history; `nil` when
+    /// another engine holds it or it no longer runs.
+    @inline(never)
+    private nonisolated func open(_ run: RunRecord, definition: Flow, claimed: ClaimedHistory?) async throws -> FlowRun? {
+        if let history = claimed?.take() { return opened(run, definition: definition, history: history) }
+        guard let history = try await claim(run) else { return nil }
+        return opened(run, definition: definition, history: history)
+    }
+
+    /// Claims the run for this engine and reads its history; `nil` when another engine holds it.
+    @inline(never)
+    private nonisolated func claim(_ run: RunRecord) async throws -> [HistoryEvent]? {
+        guard try await store.claim(runID: run.id, owner: id, until: leaseEnd) != nil else {
+            notClaimed(run)
+            return nil
+        }
+        return try await store.history(runID: run.id)
+    }
+
+    @inline(never)
+    private nonisolated func notClaimed(_ run: RunRecord) {
+        runLogger(run).debug("run is held by another engine or no longer runs; not executing it")
+    }
+
+    @inline(never)
+    private nonisolated func opened(_ run: RunRecord, definition: Flow, history: [HistoryEvent]) -> FlowRun {
+        let replaying = history.count { $0.kind.isReplayed }
+        notify(.executing(run: ref(run), replaying: replaying))
+        if replaying > 0 {
+            metrics.resumes.increment()
+            runLogger(run).info("resuming run", metadata: ["hop.replaying": "\(replaying)"])
+        }
+        return FlowRun(run: run, definition: definition, history: history, engine: self, store: store)
+    }
+
+    /// Records that the body of `handle`'s run returned: the run is completed.
+    @inline(never)
+    private nonisolated func complete(_ handle: FlowRun) async throws {
+        try handle.finish()
+        try await record(run: handle, kind: .complete, name: nil) {
+            try await self.store.completeRun(runID: handle.runID, owner: self.id)
+        }
+        completed(handle)
+    }
+
+    @inline(never)
+    private nonisolated func completed(_ handle: FlowRun) {
+        runLogger(handle).info("run completed")
+    }
+
+    /// Settles a run whose execution ended with `error`: parked, stopped, diverged or failed.
+    @inline(never)
+    private nonisolated func settle(_ run: RunRecord, after error: any Error, flowRun: FlowRun?) async {
+        let logger = runLogger(run)
+        switch error {
+        case Suspension.parked(let step):
             logger.debug("run parked on an external step", metadata: ["hop.step": "\(step)"])
-        } catch Suspension.finished {
+        case Suspension.finished:
             logger.info("run was finished or taken over elsewhere; stopped executing it")
-        } catch where Task.isCancelled {
+        case _ where Task.isCancelled:
             logger.info("stopped executing run; it stays resumable")
             try? await store.release(runID: run.id, owner: id)
-        } catch let error as HopEngineError where error.kind == .diverged {
+        case let error as HopEngineError where error.kind == .diverged:
             metrics.divergences.increment()
             logger.error("run diverged", metadata: ["hop.error": "\(error)"])
             if let flowRun {
@@ -80,13 +134,13 @@ extension HopEngine {
                     try await self.store.divergeRun(runID: run.id, step: nil, message: error.message, owner: self.id)
                 }
             }
-        } catch let error as HopEngineError where error.kind == .stepFailed {
+        case let error as HopEngineError where error.kind == .stepFailed:
             logger.error("run failed", metadata: ["hop.error": "\(error)"])
-        } catch let error as HopStoreError where error.isDatabaseFailure {
+        case let error as HopStoreError where error.isDatabaseFailure:
             // The database failed (busy, I/O): nothing was recorded, so the run stays resumable.
             logger.error("run stopped by a database error; it stays resumable", metadata: ["hop.error": "\(error)"])
             try? await store.release(runID: run.id, owner: id)
-        } catch {
+        default:
             logger.error("run failed", metadata: ["hop.error": "\(error)"])
             if let current = try? await store.run(id: run.id), current.status.isUnfinished {
                 _ = try? await store.recordError(runID: run.id, step: current.currentStep, message: "\(error)", final: true, owner: id)
@@ -94,15 +148,27 @@ extension HopEngine {
         }
     }
 
+    /// The engine's logger with the run's metadata.
+    nonisolated func runLogger(_ run: RunRecord) -> Logger {
+        runLogger(runID: run.id, flow: run.flow, subject: run.subject)
+    }
+
+    nonisolated func runLogger(_ run: FlowRun) -> Logger {
+        runLogger(runID: run.runID, flow: run.flow, subject: run.subject)
+    }
+
+    private nonisolated func runLogger(runID: Int64, flow: String, subject: String) -> Logger {
+        var logger = self.logger
+        logger[metadataKey: "hop.run"] = "\(runID)"
+        logger[metadataKey: "hop.flow"] = "\(flow)"
+        logger[metadataKey: "hop.subject"] = "\(subject)"
+        return logger
+    }
+
     /// Records the hop of `run` to `step`; an external step parks the run in the same transaction.
+    @inline(never)
     nonisolated func recordHop(run: FlowRun, step: String, from: String?, deadline: Date?) async throws -> HistoryEvent {
-        guard let registration = self.step(named: step) else {
-            throw HopEngineError(
-                .notRegistered,
-                "run \(run.runID) of flow '\(run.flow)' hops to step '\(step)', but no step is registered under that name: register it with engine.register(step: \"\(step)\") before starting the engine")
-        }
-        let (parks, wakeOn): (Bool, WakeCondition?) =
-            if case .external(let external) = registration.kind { (true, external.wakeOn) } else { (false, nil) }
+        let (parks, wakeOn) = try hopKind(of: step, run: run)
         let event = try await record(run: run, kind: .hop, name: step) {
             try await self.store.recordHop(
                 runID: run.runID, step: step, from: from, parks: parks, wakeOn: wakeOn, deadline: deadline, owner: self.id)
@@ -111,70 +177,112 @@ extension HopEngine {
         return event
     }
 
+    /// Whether a hop to `step` parks the run (an external step), and on what stored change it wakes.
+    @inline(never)
+    private nonisolated func hopKind(of step: String, run: FlowRun) throws -> (parks: Bool, wakeOn: WakeCondition?) {
+        guard let registration = self.step(named: step) else {
+            throw HopEngineError(
+                .notRegistered,
+                "run \(run.runID) of flow '\(run.flow)' hops to step '\(step)', but no step is registered under that name: register it with engine.register(step: \"\(step)\") before starting the engine")
+        }
+        if case .external(let external) = registration.kind { return (true, external.wakeOn) }
+        return (false, nil)
+    }
+
     /// Enters `step` of `run`, whose hop is recorded with `token`, and returns how it ended.
+    @inline(never)
     nonisolated func enter(step: String, token: String, deadline: Date?, run: FlowRun, isReentry: Bool) async throws -> StepOutput {
+        let registration = try inProcessStep(step, of: run)
+        var attempt = 1
+        while true {
+            let unhopper = Unhopper(engine: self, run: run, step: step, token: token)
+            let started = ContinuousClock.now
+            do {
+                let finished = try await runStep(
+                    registration.factory,
+                    StepContext(
+                        flow: run.flow, subject: run.subject, runID: run.runID, step: step, token: token, attempt: attempt,
+                        isReentry: isReentry, store: store, unhopper: unhopper),
+                    until: deadline)
+                return try await stepReturned(finished, run: run, step: step, token: token, unhopper: unhopper, started: started)
+            } catch {
+                if let output = try await stepThrew(error, run: run, step: step, retry: registration.retry, attempt: attempt, unhopper: unhopper) {
+                    return output
+                }
+            }
+            attempt += 1
+        }
+    }
+
+    /// The in-process step registered as `step`; parks the run on an external step.
+    @inline(never)
+    private nonisolated func inProcessStep(_ step: String, of run: FlowRun) throws -> (factory: @Sendable () -> any HopStep, retry: RetryPolicy) {
         guard let registration = self.step(named: step) else {
             throw HopEngineError(
                 .notRegistered, "run \(run.runID) is in step '\(step)', but no step is registered under that name: register it with engine.register(step: \"\(step)\")")
         }
-        let factory: @Sendable () -> any HopStep
         switch registration.kind {
         case .external:
             run.stop(Suspension.parked(step: step))
             throw Suspension.parked(step: step)
         case .inProcess(let make):
-            factory = make
+            return (make, registration.retry)
         }
-        var attempt = 1
-        while true {
-            let started = ContinuousClock.now
-            let unhopper = Unhopper(engine: self, run: run, step: step, token: token)
-            let context = StepContext(
-                flow: run.flow, subject: run.subject, runID: run.runID, step: step, token: token, attempt: attempt,
-                isReentry: isReentry, store: store, unhopper: unhopper)
-            do {
-                let finished = try await runStep(factory, context, until: deadline)
-                if !finished {
-                    if let output = try await timeOut(run: run, step: step, token: token, unhopper: unhopper) { return output }
-                    return StepOutput(json: nil, ending: .timedOut)
-                }
-                if !unhopper.result.unhopped { try await unhopper.unhop(output: nil) }
-                metrics.stepDuration(step, ContinuousClock.now - started)
-                return StepOutput(json: unhopper.result.output)
-            } catch {
-                if Task.isCancelled { throw error }
-                // The database failed (I/O, full disk, busy) while the step unhopped or read it:
-                // that is no fault of the step's, so it is not retried or failed; the run stops
-                // and stays resumable.
-                if let failure = error as? HopStoreError, failure.isDatabaseFailure { throw failure }
-                if let current = try await store.run(id: run.runID), !current.status.isUnfinished || current.owner != id {
-                    run.stop(Suspension.finished)
-                    throw Suspension.finished
-                }
-                if unhopper.result.unhopped {
-                    logger.warning(
-                        "step threw after it unhopped; the unhop stands",
-                        metadata: ["hop.run": "\(run.runID)", "hop.step": "\(step)", "hop.error": "\(error)"])
-                    return StepOutput(json: unhopper.result.output)
-                }
-                let final = attempt >= registration.retry.maxAttempts
-                let message = "attempt \(attempt) of \(registration.retry.maxAttempts): \(error)"
-                try await record(run: run, kind: final ? .fail : .error, name: step) {
-                    try await self.store.recordError(runID: run.runID, step: step, message: message, final: final, owner: self.id)
-                }
-                if final {
-                    throw HopEngineError(
-                        .stepFailed,
-                        "step '\(step)' of run \(run.runID) (flow '\(run.flow)', subject '\(run.subject)') failed after \(attempt) attempt(s): \(error). Start the run over with `hopctl restart --flow \(run.flow) --subject \(run.subject)`")
-                }
-                try await Task.sleep(for: registration.retry.backoff(afterAttempt: attempt))
-                attempt += 1
-            }
+    }
+
+    /// The step's body returned (`finished`) or its deadline passed first: unhops it if the body
+    /// did not, or records the timeout.
+    @inline(never)
+    private nonisolated func stepReturned(
+        _ finished: Bool, run: FlowRun, step: String, token: String, unhopper: Unhopper, started: ContinuousClock.Instant
+    ) async throws -> StepOutput {
+        if !finished {
+            if let output = try await timeOut(run: run, step: step, token: token, unhopper: unhopper) { return output }
+            return StepOutput(json: nil, ending: .timedOut)
         }
+        if !unhopper.result.unhopped { try await unhopper.unhop(output: nil) }
+        metrics.stepDuration(step, ContinuousClock.now - started)
+        return StepOutput(json: unhopper.result.output)
+    }
+
+    /// The step's body threw: returns its output when its unhop stands, `nil` to try again after
+    /// the retry policy's backoff, or throws to stop or fail the run.
+    @inline(never)
+    private nonisolated func stepThrew(
+        _ error: any Error, run: FlowRun, step: String, retry: RetryPolicy, attempt: Int, unhopper: Unhopper
+    ) async throws -> StepOutput? {
+        if Task.isCancelled { throw error }
+        // The database failed (I/O, full disk, busy) while the step unhopped or read it:
+        // that is no fault of the step's, so it is not retried or failed; the run stops
+        // and stays resumable.
+        if let failure = error as? HopStoreError, failure.isDatabaseFailure { throw failure }
+        if let current = try await store.run(id: run.runID), !current.status.isUnfinished || current.owner != id {
+            run.stop(Suspension.finished)
+            throw Suspension.finished
+        }
+        if unhopper.result.unhopped {
+            logger.warning(
+                "step threw after it unhopped; the unhop stands",
+                metadata: ["hop.run": "\(run.runID)", "hop.step": "\(step)", "hop.error": "\(error)"])
+            return StepOutput(json: unhopper.result.output)
+        }
+        let final = attempt >= retry.maxAttempts
+        let message = "attempt \(attempt) of \(retry.maxAttempts): \(error)"
+        try await record(run: run, kind: final ? .fail : .error, name: step) {
+            try await self.store.recordError(runID: run.runID, step: step, message: message, final: final, owner: self.id)
+        }
+        if final {
+            throw HopEngineError(
+                .stepFailed,
+                "step '\(step)' of run \(run.runID) (flow '\(run.flow)', subject '\(run.subject)') failed after \(attempt) attempt(s): \(error). Start the run over with `hopctl restart --flow \(run.flow) --subject \(run.subject)`")
+        }
+        try await Task.sleep(for: retry.backoff(afterAttempt: attempt))
+        return nil
     }
 
     /// Runs a step's body; with a deadline, races it and returns `false` when the deadline came first
     /// (the body's task is then cancelled).
+    @inline(never)
     private nonisolated func runStep(
         _ factory: @escaping @Sendable () -> any HopStep, _ context: StepContext, until deadline: Date?
     ) async throws -> Bool {
@@ -182,7 +290,14 @@ extension HopEngine {
             try await factory().run(context)
             return true
         }
-        return try await withThrowingTaskGroup(of: Bool.self) { group in
+        return try await runStep(factory, context, racing: deadline)
+    }
+
+    @inline(never)
+    private nonisolated func runStep(
+        _ factory: @escaping @Sendable () -> any HopStep, _ context: StepContext, racing deadline: Date
+    ) async throws -> Bool {
+        try await withThrowingTaskGroup(of: Bool.self) { group in
             group.addTask {
                 try await factory().run(context)
                 return true
@@ -214,25 +329,51 @@ extension HopEngine {
     /// Commits one history entry through `commit`, telling the observer before and after.
     /// A refusal because another engine took the run over stops this execution.
     @discardableResult
+    @inline(never)
     nonisolated func record(
         run: FlowRun, kind: HistoryKind, name: String?, _ commit: @Sendable () async throws -> HistoryEvent
     ) async throws -> HistoryEvent {
-        let reference = RunRef(id: run.runID, flow: run.flow, subject: run.subject)
-        notify(.willRecord(run: reference, kind: kind, step: name))
+        willRecord(run: run, kind: kind, name: name)
         let event: HistoryEvent
         do {
             event = try await commit()
         } catch let error as HopStoreError where error.kind == .refused {
-            if let current = try await store.run(id: run.runID), !current.status.isUnfinished || (current.owner != nil && current.owner != id) {
-                run.stop(Suspension.finished)
-                throw Suspension.finished
-            }
+            try await stopIfFinishedElsewhere(run)
             throw error
         }
-        notify(.recorded(run: reference, event: event))
+        didRecord(run: run, kind: kind, name: name, event: event)
+        return event
+    }
+
+    @inline(never)
+    private nonisolated func willRecord(run: FlowRun, kind: HistoryKind, name: String?) {
+        notify(.willRecord(run: RunRef(id: run.runID, flow: run.flow, subject: run.subject), kind: kind, step: name))
+    }
+
+    @inline(never)
+    private nonisolated func didRecord(run: FlowRun, kind: HistoryKind, name: String?, event: HistoryEvent) {
+        notify(.recorded(run: RunRef(id: run.runID, flow: run.flow, subject: run.subject), event: event))
         logger.debug(
             "recorded \(kind.rawValue)",
             metadata: ["hop.run": "\(run.runID)", "hop.flow": "\(run.flow)", "hop.subject": "\(run.subject)", "hop.step": "\(name ?? "")"])
-        return event
     }
+
+    /// After a refused write: stops this execution when the run was finished or taken over elsewhere.
+    @inline(never)
+    private nonisolated func stopIfFinishedElsewhere(_ run: FlowRun) async throws {
+        if let current = try await store.run(id: run.runID), !current.status.isUnfinished || (current.owner != nil && current.owner != id) {
+            run.stop(Suspension.finished)
+            throw Suspension.finished
+        }
+    }
+}
+
+/// A run's history read in bulk, handed to the run's task, which takes it out: the task's
+/// closure does not keep it alive after the run's replay has let it go.
+final class ClaimedHistory: Sendable {
+    private let history: Mutex<[HistoryEvent]?>
+
+    init(_ history: [HistoryEvent]) { self.history = Mutex(history) }
+
+    func take() -> [HistoryEvent]? { history.withLock { $0.take() } }
 }

@@ -64,6 +64,9 @@ public actor HopEngine {
         var steps: [String: StepRegistration] = [:]
     }
 
+    /// How many runs a resume claims and reads at a time.
+    static let resumeBatch = 2000
+
     /// The engine's database.
     public nonisolated let store: HopStore
     /// This engine's identity as the owner of the runs it executes: ``Configuration/engineID``,
@@ -135,11 +138,18 @@ public actor HopEngine {
     /// holds (its lease expired, or it has none); returns how many.
     @discardableResult
     public func resumeAll() async throws -> Int {
-        let runs = try await store.claimableRuns(flows: flowNames)
+        let candidates = try await store.claimableRuns(flows: flowNames).filter { executing[$0.id] == nil }
         var resumed = 0
-        for run in runs where executing[run.id] == nil {
-            execute(run)
-            resumed += 1
+        // In batches: one transaction claims a batch, one statement reads its histories, and
+        // its runs start while the next batch is read.
+        for start in stride(from: 0, to: candidates.count, by: Self.resumeBatch) {
+            let batch = candidates[start..<min(start + Self.resumeBatch, candidates.count)].map(\.id)
+            let claimed = try await store.claim(runIDs: batch, owner: id, until: leaseEnd)
+            let histories = try await store.histories(runIDs: claimed.map(\.id))
+            for run in claimed where executing[run.id] == nil {
+                execute(run, claimed: histories[run.id] ?? [])
+                resumed += 1
+            }
         }
         if resumed > 0 { logger.info("resuming unfinished runs", metadata: ["hop.runs": "\(resumed)"]) }
         return resumed

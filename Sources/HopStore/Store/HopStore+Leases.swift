@@ -17,6 +17,25 @@ extension HopStore {
         }
     }
 
+    /// Takes every run of `runIDs` that no other engine holds for `owner` until `until`, in one
+    /// transaction; returns the runs taken, as stored (a resuming engine claims its runs so).
+    public func claim(runIDs: [Int64], owner: String, until: Date) async throws -> [RunRecord] {
+        guard !runIDs.isEmpty else { return [] }
+        let operation = "claim \(runIDs.count) runs"
+        let list = "[" + runIDs.map(String.init).joined(separator: ",") + "]"
+        return try await transaction(operation) { [self] in
+            try connection.query(
+                """
+                UPDATE runs SET owner = ?2, lease_expires_at = ?3
+                WHERE id IN (SELECT value FROM json_each(?1)) AND status = 'running'
+                    AND (owner IS NULL OR owner = ?2 OR lease_expires_at < ?4)
+                RETURNING \(RunRecord.columns)
+                """,
+                [.text(list), .text(owner), .integer(Clock.milliseconds(until)), .integer(Clock.nowMilliseconds())],
+                operation: operation, RunRecord.init(row:))
+        }
+    }
+
     /// Extends every lease `owner` holds to `until`, in one statement; returns how many.
     @discardableResult
     public func renewLeases(owner: String, until: Date) async throws -> Int {

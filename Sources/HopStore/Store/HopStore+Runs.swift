@@ -82,6 +82,21 @@ extension HopStore {
             [.integer(runID)], operation: "read history of run \(runID)", HistoryEvent.init(row:))
     }
 
+    /// The histories of `runIDs`, each in order, read in one statement (for an engine resuming many runs).
+    public func histories(runIDs: [Int64]) throws -> [Int64: [HistoryEvent]] {
+        guard !runIDs.isEmpty else { return [:] }
+        let list = "[" + runIDs.map(String.init).joined(separator: ",") + "]"
+        var histories: [Int64: [HistoryEvent]] = [:]
+        histories.reserveCapacity(runIDs.count)
+        for event in try connection.query(
+            "SELECT \(HistoryEvent.columns) FROM history WHERE run_id IN (SELECT value FROM json_each(?1)) ORDER BY run_id, seq",
+            [.text(list)], operation: "read the histories of \(runIDs.count) runs", HistoryEvent.init(row:))
+        {
+            histories[event.runID, default: []].append(event)
+        }
+        return histories
+    }
+
     /// The hops observed in all runs of `flow`: each edge from one entered step to the next, with its count.
     public func hopGraph(flow: String) throws -> [HopEdge] {
         try validate(flow, as: "flow name")

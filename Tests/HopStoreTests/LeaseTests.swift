@@ -1,0 +1,46 @@
+import Foundation
+import HopTestSupport
+import Testing
+
+@testable import HopStore
+
+@Suite struct LeaseTests {
+    @Test func aBulkClaimTakesFreeAndExpiredRunsButLeavesLiveLeasesAlone() async throws {
+        let folder = try TemporaryDirectory()
+        let store = try await HopStore.open(path: folder.database)
+        var ids: [Int64] = []
+        for subject in ["free", "expired", "held", "mine", "done"] {
+            ids.append(try await store.startRun(flow: "startup", subject: subject, version: "1").run.id)
+        }
+        let now = Date()
+        #expect(try await store.claim(runID: ids[1], owner: "dead", until: now.addingTimeInterval(-1)) != nil)
+        #expect(try await store.claim(runID: ids[2], owner: "other", until: now.addingTimeInterval(60)) != nil)
+        #expect(try await store.claim(runID: ids[3], owner: "me", until: now.addingTimeInterval(1)) != nil)
+        try await store.completeRun(runID: ids[4])
+
+        let claimed = try await store.claim(runIDs: ids, owner: "me", until: now.addingTimeInterval(30))
+        #expect(Set(claimed.map(\.id)) == [ids[0], ids[1], ids[3]])
+        #expect(claimed.allSatisfy { $0.owner == "me" })
+        #expect(try await store.run(id: ids[2])?.owner == "other", "a live lease of another engine is left alone")
+        #expect(try await store.claim(runIDs: [], owner: "me", until: now).isEmpty)
+    }
+
+    @Test func historiesOfManyRunsAreReadInOrderPerRun() async throws {
+        let folder = try TemporaryDirectory()
+        let store = try await HopStore.open(path: folder.database)
+        let a = try await store.startRun(flow: "startup", subject: "a", version: "1").run.id
+        let b = try await store.startRun(flow: "startup", subject: "b", version: "1").run.id
+        let c = try await store.startRun(flow: "startup", subject: "c", version: "1").run.id
+        let hop = try await store.recordHop(runID: a, step: "splash")
+        try await store.recordHop(runID: b, step: "splash")
+        try await store.recordUnhop(runID: a, token: try #require(hop.token))
+        try await store.recordHop(runID: a, step: "main")
+
+        let histories = try await store.histories(runIDs: [a, b, c])
+        #expect(histories[a]?.map(\.seq) == [1, 2, 3])
+        #expect(histories[a]?.map(\.kind) == [.hop, .unhop, .hop])
+        #expect(histories[b]?.map(\.step) == ["splash"])
+        #expect(histories[c] == nil)
+        #expect(histories[a] == (try await store.history(runID: a)))
+    }
+}
