@@ -18,6 +18,9 @@ struct HopBench: AsyncParsableCommand {
         "resume", "hopctl", "parked-memory",
     ]
 
+    /// Parts of scenarios that run in a process of their own.
+    static let internalScenarios = ["parked-memory-restart"]
+
     /// What the issue asks of each figure: (figure, at least, at most).
     static let targets: [String: (atLeast: Double?, atMost: Double?)] = [
         "durable-hops.ratio": (0.90, nil),
@@ -27,6 +30,7 @@ struct HopBench: AsyncParsableCommand {
         "hopctl.status.median": (nil, 20),
         "hopctl.history.median": (nil, 20),
         "parked-memory.peak": (nil, 64),
+        "parked-memory.restarted-peak": (nil, 64),
     ]
 
     @Flag(help: "Small sizes: every scenario runs, in under a minute, to prove the benchmark works.")
@@ -42,7 +46,7 @@ struct HopBench: AsyncParsableCommand {
     var child: String?
 
     func validate() throws {
-        for name in only + (child.map { [$0] } ?? []) where !Self.scenarios.contains(name) {
+        for name in only + (child.map { [$0] } ?? []) where !(Self.scenarios + Self.internalScenarios).contains(name) {
             throw ValidationError("no scenario is named '\(name)'; the scenarios are \(Self.scenarios.joined(separator: ", "))")
         }
     }
@@ -80,18 +84,7 @@ struct HopBench: AsyncParsableCommand {
     }
 
     private func runChild(_ name: String, folder: URL) throws -> [Figure] {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: Scenarios.executablePath)
-        process.arguments = ["--child", name, "--folder", folder.path] + (quick ? ["--quick"] : [])
-        let output = Pipe()
-        process.standardOutput = output
-        try process.run()
-        let data = output.fileHandleForReading.readDataToEndOfFile()
-        process.waitUntilExit()
-        guard process.terminationStatus == 0 else {
-            throw BenchError("the scenario's process exited with \(process.terminationStatus)")
-        }
-        return String(decoding: data, as: UTF8.self).split(separator: "\n").compactMap { Figure(line: String($0)) }
+        try Scenarios.runScenarioProcess(name, folder: folder, quick: quick)
     }
 
     private func printTable(_ figures: [Figure]) {

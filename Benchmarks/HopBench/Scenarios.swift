@@ -23,6 +23,7 @@ struct Scenarios {
         case "resume": try await resume()
         case "hopctl": try await hopctl()
         case "parked-memory": try await parkedMemory()
+        case "parked-memory-restart": try await parkedMemoryRestart()
         default: throw BenchError("no scenario is named '\(name)'; the scenarios are \(HopBench.scenarios.joined(separator: ", "))")
         }
     }
@@ -229,6 +230,42 @@ struct Scenarios {
         return figures
     }
 
+    /// A daemon started on the database of 100,000 parked runs that `parkedMemory` left: its
+    /// peak memory once it has resumed (nothing: parked runs stay in the database) and polled.
+    private func parkedMemoryRestart() async throws -> [Figure] {
+        let store = try await HopStore.open(path: path("parked.sqlite"), options: .init(durability: .normal))
+        let ready = Atomic<Bool>(false)
+        let engine = HopEngine(
+            store: store, logger: Self.quiet,
+            configuration: .init(
+                observer: { event in if case .ready = event { ready.store(true, ordering: .relaxed) } }, engineID: "hop-bench"))
+        engine.register(Flow("park", version: "1") { flow in try await flow.hop(to: "wait") })
+        engine.register(step: "wait", .external)
+        let service = Task { try await engine.run() }
+        try await Measure.waitUntil("the engine is ready") { ready.load(ordering: .relaxed) }
+        try await Task.sleep(for: .milliseconds(200))  // a few polls of the database
+        let memory = Measure.memory()
+        service.cancel()
+        _ = await service.result
+        return [Figure("parked-memory.restarted-peak", memory.peak, "MiB")]
+    }
+
+    /// Runs one scenario in a process of its own and returns its figures.
+    static func runScenarioProcess(_ name: String, folder: URL, quick: Bool = false) throws -> [Figure] {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: executablePath)
+        process.arguments = ["--child", name, "--folder", folder.path] + (quick ? ["--quick"] : [])
+        let output = Pipe()
+        process.standardOutput = output
+        try process.run()
+        let data = output.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        guard process.terminationStatus == 0 else {
+            throw BenchError("the scenario \(name) exited with \(process.terminationStatus)")
+        }
+        return String(decoding: data, as: UTF8.self).split(separator: "\n").compactMap { Figure(line: String($0)) }
+    }
+
     static var executablePath: String {
         (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
     }
@@ -278,7 +315,9 @@ struct Scenarios {
         let trimmed = Measure.memory()
         service.cancel()
         _ = await service.result
-        return [
+        // A daemon restarted on that database: its own process, so that its peak is its own.
+        let restarted = try Self.runScenarioProcess("parked-memory-restart", folder: folder)
+        return restarted + [
             Figure("parked-memory.runs", Double(runs), "runs"),
             Figure("parked-memory.resident", memory.resident, "MiB"),
             Figure("parked-memory.resident-trimmed", trimmed.resident, "MiB"),
