@@ -62,35 +62,22 @@ extension HopStore {
             for write in batch { write.finish(error) }
             return
         }
-        var failures: [(any Error)?] = []
-        failures.reserveCapacity(batch.count)
-        if batch.count == 1 {
-            // Alone in its transaction: no savepoint needed, a failure rolls the transaction back.
+        var failures: [(any Error)?]
+        if let applied = applyAll(batch) {
+            failures = applied
+        } else if batch.count == 1 {
+            // Alone in its transaction, it failed: the rollback undoes it.
+            return
+        } else {
+            // One write failed: start over with each write in a savepoint of its own, so that
+            // it alone is undone.
             do {
-                try batch[0].apply()
-                failures.append(nil)
+                try connection.run("BEGIN IMMEDIATE", [], operation: operation)
             } catch {
-                connection.rollback()
-                batch[0].finish(error)
+                for write in batch { write.finish(error) }
                 return
             }
-        } else {
-            for write in batch {
-                do {
-                    try connection.run("SAVEPOINT hop_write", [], operation: write.operation)
-                    do {
-                        try write.apply()
-                        try connection.run("RELEASE hop_write", [], operation: write.operation)
-                        failures.append(nil)
-                    } catch {
-                        try connection.run("ROLLBACK TO hop_write", [], operation: write.operation)
-                        try connection.run("RELEASE hop_write", [], operation: write.operation)
-                        failures.append(error)
-                    }
-                } catch {
-                    failures.append(error)
-                }
-            }
+            failures = applyEachInSavepoint(batch)
         }
         do {
             try connection.run("COMMIT", [], operation: operation)
@@ -101,5 +88,44 @@ extension HopStore {
             connection.rollback()
             for write in batch { write.finish(error) }
         }
+    }
+
+    /// Applies every write of `batch` in the open transaction, without savepoints: the common
+    /// case, where none fails. When one fails, rolls the transaction back and returns `nil`
+    /// (a batch of one is finished with its error).
+    private func applyAll(_ batch: [PendingWrite]) -> [(any Error)?]? {
+        for write in batch {
+            do {
+                try write.apply()
+            } catch {
+                connection.rollback()
+                if batch.count == 1 { write.finish(error) }
+                return nil
+            }
+        }
+        return Array(repeating: nil, count: batch.count)
+    }
+
+    /// Applies each write of `batch` in a savepoint of its own; returns each one's error.
+    private func applyEachInSavepoint(_ batch: [PendingWrite]) -> [(any Error)?] {
+        var failures: [(any Error)?] = []
+        failures.reserveCapacity(batch.count)
+        for write in batch {
+            do {
+                try connection.run("SAVEPOINT hop_write", [], operation: write.operation)
+                do {
+                    try write.apply()
+                    try connection.run("RELEASE hop_write", [], operation: write.operation)
+                    failures.append(nil)
+                } catch {
+                    try connection.run("ROLLBACK TO hop_write", [], operation: write.operation)
+                    try connection.run("RELEASE hop_write", [], operation: write.operation)
+                    failures.append(error)
+                }
+            } catch {
+                failures.append(error)
+            }
+        }
+        return failures
     }
 }
