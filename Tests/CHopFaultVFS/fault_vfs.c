@@ -14,8 +14,8 @@ static sqlite3_vfs fault_vfs;
 static sqlite3_io_methods fault_methods;
 static atomic_int registered;
 
-static atomic_long calls, syncs, faults;
-static atomic_long fail_at, power_loss_at;
+static atomic_long calls, syncs, writes, faults;
+static atomic_long fail_at, power_loss_at, power_loss_at_write;
 static atomic_int fail_code;
 
 /// A write held until its file is synced (power-loss mode).
@@ -46,7 +46,7 @@ static int count_call(void) {
     return SQLITE_OK;
 }
 
-static int power_loss_armed(void) { return atomic_load(&power_loss_at) > 0; }
+static int power_loss_armed(void) { return atomic_load(&power_loss_at) > 0 || atomic_load(&power_loss_at_write) > 0; }
 
 static void drop_held(FaultFile *file) {
     HeldWrite *write = file->held;
@@ -101,6 +101,9 @@ static int x_write(sqlite3_file *f, const void *data, int amount, sqlite3_int64 
     FaultFile *file = (FaultFile *)f;
     int rc = count_call();
     if (rc != SQLITE_OK) return rc;
+    long n = atomic_fetch_add(&writes, 1) + 1;
+    long cut = atomic_load(&power_loss_at_write);
+    if (cut > 0 && n >= cut) _exit(86);  // the power goes before this write: unsynced writes are lost
     if (!power_loss_armed()) return file->real->pMethods->xWrite(file->real, data, amount, offset);
     HeldWrite *write = malloc(sizeof(HeldWrite) + (size_t)amount);
     if (!write) return SQLITE_IOERR_NOMEM;
@@ -222,17 +225,20 @@ int hop_fault_vfs_register(void) {
     return sqlite3_vfs_register(&fault_vfs, 0);
 }
 
-static void arm(long fail, int code, long power) {
+static void arm(long fail, int code, long power, long power_at_write) {
     atomic_store(&calls, 0);
     atomic_store(&syncs, 0);
+    atomic_store(&writes, 0);
     atomic_store(&faults, 0);
     atomic_store(&fail_code, code);
     atomic_store(&fail_at, fail);
     atomic_store(&power_loss_at, power);
+    atomic_store(&power_loss_at_write, power_at_write);
 }
 
-void hop_fault_vfs_fail_at(long n, int code) { arm(n, code, 0); }
-void hop_fault_vfs_power_loss_at(long n) { arm(0, 0, n); }
+void hop_fault_vfs_fail_at(long n, int code) { arm(n, code, 0, 0); }
+void hop_fault_vfs_power_loss_at(long n) { arm(0, 0, n, 0); }
+void hop_fault_vfs_power_loss_at_write(long n) { arm(0, 0, 0, n); }
 long hop_fault_vfs_calls(void) { return atomic_load(&calls); }
 long hop_fault_vfs_syncs(void) { return atomic_load(&syncs); }
 long hop_fault_vfs_faults(void) { return atomic_load(&faults); }

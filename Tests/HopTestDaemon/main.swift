@@ -16,6 +16,8 @@ import Logging
 //   --sleep S    the flow sleeps durably for S seconds after splash
 //   --reroute    main is external and ended by a logout, after which the flow goes back through login
 //                (with --external)
+//   --subjects N runs the flow for subjects user-0 … user-(N-1) (with --external), prints "started N"
+//                once every run is parked, and serves until its standard input closes
 // Environment:
 //   HOP_TEST_KILL_AT=<point>   SIGKILL this process at the point, e.g. "before:hop:splash", "after:unhop:login"
 //   HOP_TEST_FAILS=<n>         splash throws on its first n attempts (it is tried up to 3 times)
@@ -32,6 +34,7 @@ struct Options {
     var lease = 10.0
     var sleep = 0.0
     var reroute = false
+    var subjects = 0
 
     static func parse() -> Options {
         var options = Options()
@@ -46,6 +49,7 @@ struct Options {
             case "--lease": options.lease = Double(arguments.popFirst() ?? "") ?? options.lease
             case "--sleep": options.sleep = Double(arguments.popFirst() ?? "") ?? 0
             case "--reroute": options.reroute = true
+            case "--subjects": options.subjects = Int(arguments.popFirst() ?? "") ?? 0
             default:
                 FileHandle.standardError.write(Data("unknown argument \(argument)\n".utf8))
                 exit(64)
@@ -158,6 +162,26 @@ do {
     }
 
     let run: RunRecord
+    if options.subjects > 0 {
+        let service = Task { try await engine.run() }
+        var runIDs: [Int64] = []
+        for index in 0..<options.subjects { runIDs.append(try await engine.start("startup", subject: "user-\(index)").id) }
+        while try await store.statuses(of: runIDs).values.contains(where: { $0 != .parked }) {
+            try await Task.sleep(for: .milliseconds(10))
+        }
+        say("started \(options.subjects)")
+        // Serve until standard input closes (read on a thread of its own, off the cooperative pool).
+        await withCheckedContinuation { (done: CheckedContinuation<Void, Never>) in
+            Thread.detachNewThread {
+                _ = FileHandle.standardInput.readDataToEndOfFile()
+                done.resume()
+            }
+        }
+        service.cancel()
+        _ = try? await service.value
+        say("stopped")
+        exit(0)
+    }
     if external {
         let service = Task { try await engine.run() }
         run = try await engine.start("startup", subject: subject)

@@ -1,10 +1,10 @@
 // A helper process for the reliability tests: runs the start-up flow (every step finishing at
 // once) through the fault-injection VFS, printing each history entry once its commit returned.
 //
-//   hop-test-faults --db PATH [--power-loss-at N] [--normal]
+//   hop-test-faults --db PATH [--power-loss-at N | --power-loss-at-write N] [--normal]
 //
-// With --power-loss-at, the power is "cut" at the Nth sync: writes not yet synced are dropped
-// and the process exits 86. Prints `ack SEQ KIND STEP` per acknowledged entry, then `completed`.
+// With --power-loss-at, the power is "cut" at the Nth sync (with --power-loss-at-write, just
+// before the Nth write): writes not yet synced are dropped and the process exits 86. Prints `ack SEQ KIND STEP` per acknowledged entry, then `completed`.
 import CHopFaultVFS
 import Foundation
 import HopEngine
@@ -18,11 +18,13 @@ func say(_ line: String) {
 var arguments = CommandLine.arguments.dropFirst()
 var database: String?
 var powerLossAt = 0
+var powerLossAtWrite = 0
 var durability = HopStore.Durability.full
 while let argument = arguments.popFirst() {
     switch argument {
     case "--db": database = arguments.popFirst()
     case "--power-loss-at": powerLossAt = arguments.popFirst().flatMap { Int($0) } ?? 0
+    case "--power-loss-at-write": powerLossAtWrite = arguments.popFirst().flatMap { Int($0) } ?? 0
     case "--normal": durability = .normal
     default:
         FileHandle.standardError.write(Data("hop-test-faults: unknown argument \(argument)\n".utf8))
@@ -34,7 +36,7 @@ guard let database else {
     exit(64)
 }
 guard hop_fault_vfs_register() == 0 else { exit(70) }
-hop_fault_vfs_power_loss_at(powerLossAt)
+if powerLossAtWrite > 0 { hop_fault_vfs_power_loss_at_write(powerLossAtWrite) } else { hop_fault_vfs_power_loss_at(powerLossAt) }
 
 let logger = Logger(label: "hop-test-faults", factory: { _ in SwiftLogNoOpLogHandler() })
 do {
@@ -64,6 +66,9 @@ do {
     let run = try await engine.start("startup")
     let settled = try await engine.settled(runID: run.id)
     say(settled?.status.rawValue ?? "missing")
+    // End here, as a daemon killed after its work: the store is not closed, so a power cut
+    // never happens inside its deinitializer (ThreadSanitizer reports a thread ended there).
+    exit(0)
 } catch {
     FileHandle.standardError.write(Data("hop-test-faults: \(error)\n".utf8))
     exit(1)

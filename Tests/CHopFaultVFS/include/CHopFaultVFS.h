@@ -6,9 +6,9 @@
 /// Fault mode: the Nth counted call (xWrite, xSync, xTruncate, xFileSize, on any file) fails
 /// with the given SQLite result code; later calls succeed again.
 ///
-/// Power-loss mode: writes are held in memory until their file is synced; at the Nth sync the
-/// held writes of every file are dropped and the process ends at once with exit status 86, as
-/// if the power had been cut before the sync reached the disk.
+/// Power-loss mode: writes are held in memory until their file is synced; at the Nth sync (or
+/// just before the Nth write) the held writes of every file are dropped and the process ends at
+/// once with exit status 86, as if the power had been cut there.
 
 /// Registers the VFS (once; later calls do nothing). Returns an SQLite result code.
 int hop_fault_vfs_register(void);
@@ -18,6 +18,9 @@ void hop_fault_vfs_fail_at(long n, int code);
 
 /// Cuts the power at the `n`th sync from now on (held writes are dropped, the process exits 86); 0 disables.
 void hop_fault_vfs_power_loss_at(long n);
+
+/// Cuts the power just before the `n`th write from now on (held writes are dropped, the process exits 86); 0 disables.
+void hop_fault_vfs_power_loss_at_write(long n);
 
 /// Counted calls (write, sync, truncate, file size) since the last arming.
 long hop_fault_vfs_calls(void);
