@@ -145,6 +145,12 @@ public final class FlowRun: Sendable {
         return Date(timeIntervalSince1970: Double(stored.deadline) / 1000)
     }
 
+    /// `seconds` as a duration to sleep, at most about 300 years: a deadline read from the
+    /// database never traps, however far ahead it lies.
+    static func sleepDuration(seconds: TimeInterval) -> Duration {
+        .milliseconds(Int64(max(0, min(seconds, 1e10)) * 1000))
+    }
+
     private static func seconds(_ duration: Duration) -> TimeInterval {
         Double(duration.components.seconds) + Double(duration.components.attoseconds) / 1e18
     }
@@ -176,7 +182,7 @@ public final class FlowRun: Sendable {
             deadline = target
         }
         let wait = deadline.timeIntervalSinceNow
-        if wait > 0 { try await Task.sleep(for: .milliseconds(Int64((wait * 1000).rounded(.up)))) }
+        if wait > 0 { try await Task.sleep(for: Self.sleepDuration(seconds: wait)) }
     }
 
     /// Hops to `step` and decodes its output as `T` (`nil` when it unhopped without one).

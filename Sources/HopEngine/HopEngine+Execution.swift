@@ -304,7 +304,7 @@ extension HopEngine {
             }
             group.addTask {
                 let wait = deadline.timeIntervalSinceNow
-                if wait > 0 { try await Task.sleep(for: .milliseconds(Int64(wait * 1000))) }
+                if wait > 0 { try await Task.sleep(for: FlowRun.sleepDuration(seconds: wait)) }
                 return false
             }
             defer { group.cancelAll() }

@@ -2,6 +2,7 @@ import Foundation
 import HopEngine
 import HopStore
 import HopTestSupport
+import Logging
 import Testing
 
 /// Hostile names, malformed outputs and damaged files: each is a clear error or is stored
@@ -117,5 +118,28 @@ import Testing
         } catch let error as HopStoreError {
             #expect(error.path == folder.database && error.isDatabaseFailure, "\(error)")
         }
+    }
+
+    /// Found by script/fuzz: an expiry of 10^20 seconds trapped converting to milliseconds.
+    @Test func extremeDatesAndDurationsNeitherTrapNorCorrupt() async throws {
+        let folder = try TemporaryDirectory()
+        let store = try await HopStore.open(path: folder.database)
+        for expiry in [Date(timeIntervalSince1970: 1e300), Date(timeIntervalSince1970: -1e300), .distantFuture, .distantPast] {
+            _ = try await store.storeSession(subject: "s", userID: "alice", token: "t", expiresAt: expiry)
+        }
+        let engine = HopEngine(store: store, logger: Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() }))
+        engine.register(
+            Flow("far", version: "1") { flow in
+                try await flow.hop(to: "quick", timeout: .seconds(Int64.max / 2))
+                try await flow.sleep(for: .seconds(-5))
+            })
+        engine.register(step: "quick") { _ in }
+        let started = try await engine.start("far")
+        #expect(try await engine.settled(runID: started.id)?.status == .completed)
+        for duration in ["99999999999999999999", "1e300", "1e300d", "inf", "nan", "-1s", "0"] {
+            let result = try await run("hopctl", ["session", "login", "bob", "--expires-in", duration, "--db", folder.database], in: folder)
+            #expect(result.status == 64 && result.stderr.contains("--expires-in"), "\(duration): \(result.status) \(result.stderr.prefix(300))")
+        }
+        #expect(try await store.integrityCheck() == ["ok"])
     }
 }

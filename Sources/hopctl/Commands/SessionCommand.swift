@@ -26,7 +26,7 @@ struct SessionCommand: AsyncParsableCommand {
         func validate() throws {
             try checkIdentifier(user, as: "user id")
             if let expiresIn, DurationText.seconds(expiresIn) == nil {
-                throw ValidationError("--expires-in '\(expiresIn)' is not a duration: write a positive number followed by s, m, h or d (e.g. 12h)")
+                throw ValidationError("--expires-in '\(expiresIn)' is not a duration: write a positive number followed by s, m, h or d (e.g. 12h), at most 100 years")
             }
         }
 
@@ -111,7 +111,8 @@ enum DurationText {
             number = number.dropLast()
             unit = scale
         }
-        guard let value = Double(number), value > 0, value.isFinite else { return nil }
+        // At most 100 years: beyond that, a duration is a typo, not an expiry.
+        guard let value = Double(number), value > 0, value * unit <= 100 * 365 * 86_400 else { return nil }
         return value * unit
     }
 }
