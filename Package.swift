@@ -107,6 +107,7 @@ let package = Package(
         ),
         .target(
             name: "HopTestSupport",
+            dependencies: [.product(name: "Logging", package: "swift-log")],
             path: "Tests/HopTestSupport"
         ),
         .testTarget(

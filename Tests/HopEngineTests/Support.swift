@@ -3,7 +3,6 @@ import HopEngine
 import HopStore
 import HopTestSupport
 import Logging
-import Synchronization
 
 /// The startup flow of the product, as the tests run it in process.
 func startupFlow(version: String = "1", transition: (@Sendable (Transition) async throws -> Void)? = nil) -> Flow {
@@ -40,25 +39,3 @@ func path(of runID: Int64, in store: HopStore) async throws -> [String] {
     try await store.history(runID: runID).filter { $0.kind.isReplayed }.map { "\($0.kind.rawValue) \($0.step ?? "")" }
 }
 
-/// A log handler that keeps every message with its metadata, for tests that read logs.
-final class CapturedLogs: Sendable {
-    let lines = Mutex<[(level: Logger.Level, text: String)]>([])
-
-    func handler(label: String) -> LogHandler { Handler(logs: self) }
-
-    struct Handler: LogHandler {
-        let logs: CapturedLogs
-        var metadata: Logger.Metadata = [:]
-        var logLevel: Logger.Level = .trace
-
-        subscript(metadataKey key: String) -> Logger.Metadata.Value? {
-            get { metadata[key] }
-            set { metadata[key] = newValue }
-        }
-
-        func log(event: LogEvent) {
-            let all = metadata.merging(event.metadata ?? [:]) { $1 }
-            logs.lines.withLock { $0.append((event.level, "\(event.message) \(all)")) }
-        }
-    }
-}

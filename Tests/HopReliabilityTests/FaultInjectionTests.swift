@@ -20,7 +20,7 @@ import Testing
             #expect(n < 400, "the flow never ran without hitting the fault")
             if n >= 400 { return }
             let folder = try TemporaryDirectory()
-            let errors = ErrorLog()
+            let errors = CapturedLogs()
             let logger = Logger(label: "faults", factory: errors.handler)
             hop_fault_vfs_fail_at(n, code)
             var thrown: (any Error)?
@@ -48,7 +48,7 @@ import Testing
             faultsSeen += 1
 
             // The failing call surfaced as a clear error: thrown, or logged by the engine for the run.
-            let logged = errors.messages.withLock { $0 }
+            let logged = errors.texts(atLeast: .error)
             let reported = thrown.map { "\($0)" } ?? logged.joined(separator: "\n")
             if thrown != nil || !logged.isEmpty {
                 #expect(reported.contains(folder.database), "fault \(n): the error does not name the database: \(reported)")

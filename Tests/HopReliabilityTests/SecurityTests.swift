@@ -3,7 +3,6 @@ import HopEngine
 import HopStore
 import HopTestSupport
 import Logging
-import Synchronization
 import Testing
 
 /// Session tokens stay secret, identifiers are checked at the boundary, and values never
@@ -11,29 +10,10 @@ import Testing
 @Suite struct SecurityTests {
     static let packageRoot = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
 
-    /// Every log line an engine writes, at every level.
-    final class AllLogs: Sendable {
-        let lines = Mutex<[String]>([])
-        func handler(label: String) -> LogHandler { Handler(logs: self) }
-        struct Handler: LogHandler {
-            let logs: AllLogs
-            var metadata: Logger.Metadata = [:]
-            var logLevel: Logger.Level = .trace
-            subscript(metadataKey key: String) -> Logger.Metadata.Value? {
-                get { metadata[key] }
-                set { metadata[key] = newValue }
-            }
-            func log(event: LogEvent) {
-                let all = metadata.merging(event.metadata ?? [:]) { $1 }
-                logs.lines.withLock { $0.append("\(event.level) \(event.message) \(all)") }
-            }
-        }
-    }
-
     @Test func aSessionTokenNeverReachesLogsErrorsOrHopctlOutput() async throws {
         let folder = try TemporaryDirectory()
         let secret = "tok-\(UUID().uuidString)"
-        let logs = AllLogs()
+        let logs = CapturedLogs()
         let store = try await HopStore.open(path: folder.database, logger: Logger(label: "store", factory: logs.handler))
         let engine = HopEngine(store: store, logger: Logger(label: "engine", factory: logs.handler))
         engine.register(
@@ -61,7 +41,7 @@ import Testing
         _ = try await engine.deleteSession(subject: "default")
         try await engine.storeSession(subject: "default", userID: "alice", token: secret)
 
-        #expect(!logs.lines.withLock { $0 }.contains { $0.contains(secret) }, "a log line holds the token")
+        #expect(!logs.texts().contains { $0.contains(secret) }, "a log line holds the token")
         for arguments in [
             ["session", "show"], ["session", "show", "--json"], ["status"], ["status", "--json"],
             ["history", "--flow", "startup"], ["history", "--flow", "startup", "--json"], ["first-use", "list"],

@@ -2,8 +2,6 @@ import CHopFaultVFS
 import Foundation
 import HopEngine
 import HopStore
-import Logging
-import Synchronization
 
 /// The start-up flow with every step finishing at once, as the reliability tests run it.
 func registerInstantStartup(on engine: HopEngine) {
@@ -39,27 +37,4 @@ func faultOptions() -> HopStore.Options {
     var options = HopStore.Options()
     options.vfs = "hopfault"
     return options
-}
-
-/// Keeps the error-level messages an engine logs.
-final class ErrorLog: Sendable {
-    let messages = Mutex<[String]>([])
-
-    func handler(label: String) -> LogHandler { Handler(log: self) }
-
-    struct Handler: LogHandler {
-        let log: ErrorLog
-        var metadata: Logger.Metadata = [:]
-        var logLevel: Logger.Level = .error
-
-        subscript(metadataKey key: String) -> Logger.Metadata.Value? {
-            get { metadata[key] }
-            set { metadata[key] = newValue }
-        }
-
-        func log(event: LogEvent) {
-            let error = event.metadata?["hop.error"].map { "\($0)" } ?? ""
-            log.messages.withLock { $0.append("\(event.message) \(error)") }
-        }
-    }
 }
