@@ -4,9 +4,9 @@ import HopTestSupport
 import Testing
 
 /// A daemon executing 1,000 runs while four operators steer it with hopctl: 10,000 commands,
-/// bounded in count and time. (HOP_SOAK_COMMANDS sets another count for a longer soak.)
+/// bounded in count and time. (HOP_SOAK_COMMANDS sets another count: fewer subjects below
+/// 10,000, more cycles above.)
 @Suite struct SoakTests {
-    static let subjects = 1000
     static let workers = 4
 
     /// What each worker does to each of its subjects after unhopping its onboarding: it ends
@@ -19,19 +19,22 @@ import Testing
     @Test func fourHopctlOperatorsAndADaemonWith1000RunsLoseNoUnhopAndApplyNoneTwice() async throws {
         let folder = try TemporaryDirectory()
         let budget = Int(ProcessInfo.processInfo.environment["HOP_SOAK_COMMANDS"] ?? "") ?? 10_000
-        let cycles = max(1, (budget / Self.subjects - 1) / Self.rounds.count)
+        // Each subject takes 10 commands a cycle: 1,000 subjects for 10,000 commands, fewer for a
+        // smaller budget, more cycles for a larger one.
+        let subjects = min(1000, max(Self.workers * 10, budget / 10))
+        let cycles = max(1, (budget / subjects - 1) / Self.rounds.count)
         let daemon = try ChildProcess(
-            "hop-test-daemon", ["--db", folder.database, "--external", "--reroute", "--subjects", "\(Self.subjects)"],
+            "hop-test-daemon", ["--db", folder.database, "--external", "--reroute", "--subjects", "\(subjects)"],
             keepInputOpen: true, directory: folder)
         defer { daemon.kill() }
-        try await daemon.waitForOutput("started \(Self.subjects)", timeout: .seconds(120))
+        try await daemon.waitForOutput("started \(subjects)", timeout: .seconds(120))
         let hopctl = builtProduct("hopctl")
         let database = folder.database
 
         let results = try await withThrowingTaskGroup(of: (commands: Int, busy: Int).self) { group in
             for worker in 0..<Self.workers {
                 group.addTask {
-                    let mine = stride(from: worker, to: Self.subjects, by: Self.workers).map { "user-\($0)" }
+                    let mine = stride(from: worker, to: subjects, by: Self.workers).map { "user-\($0)" }
                     var plan = mine.map { ["unhop", "--flow", "startup", "--subject", $0] }
                     for _ in 0..<cycles {
                         for round in Self.rounds {
@@ -64,9 +67,9 @@ import Testing
 
         let store = try await HopStore.open(path: folder.database)
         try await waitUntil("every run is parked at main", timeout: .seconds(120)) {
-            try await store.runs(flow: "startup", limit: Self.subjects).allSatisfy { $0.status == .parked && $0.currentStep == "main" }
+            try await store.runs(flow: "startup", limit: subjects).allSatisfy { $0.status == .parked && $0.currentStep == "main" }
         }
-        for run in try await store.runs(flow: "startup", limit: Self.subjects) {
+        for run in try await store.runs(flow: "startup", limit: subjects) {
             let history = try await store.history(runID: run.id)
             #expect(history.map(\.seq) == Array(1...Int64(history.count)), "run \(run.id): sequence numbers")
             #expect(history.filter { $0.kind == .unhop && $0.step == "onboarding" }.count == 1, "run \(run.id): onboarding unhops")
