@@ -29,6 +29,32 @@ struct GlobalOptions: ParsableArguments {
     }
 }
 
+extension GlobalOptions {
+    /// `arguments` with the options every command takes moved from before the command to its
+    /// end, so that `hopctl --db PATH status` means `hopctl status --db PATH`.
+    static func hoisted(_ arguments: [String]) -> [String] {
+        var leading: [String] = []
+        var rest = arguments[...]
+        while let first = rest.first {
+            if first == "--db" || first == "--busy-timeout", rest.count >= 2 {
+                leading += rest.prefix(2)
+                rest = rest.dropFirst(2)
+            } else if first.hasPrefix("--db=") || first.hasPrefix("--busy-timeout=") {
+                leading.append(first)
+                rest = rest.dropFirst()
+            } else {
+                break
+            }
+        }
+        guard !leading.isEmpty else { return arguments }
+        // Before a `--` the options still belong to the command; after it nothing is parsed.
+        if let separator = rest.firstIndex(of: "--") {
+            return Array(rest[..<separator]) + leading + Array(rest[separator...])
+        }
+        return Array(rest) + leading
+    }
+}
+
 /// The subject option, `default` unless given.
 struct SubjectOption: ParsableArguments {
     @Option(name: .long, help: ArgumentHelp("Whom the run is for (a device, a user).", valueName: "subject"))

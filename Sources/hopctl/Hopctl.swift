@@ -16,4 +16,18 @@ struct Hopctl: AsyncParsableCommand {
             FirstUse.self, SessionCommand.self, Graph.self,
         ]
     )
+
+    /// Parses the command line (accepting `--db` and `--busy-timeout` before the command too) and runs it.
+    static func main() async {
+        do {
+            var command = try parseAsRoot(GlobalOptions.hoisted(Array(CommandLine.arguments.dropFirst())))
+            if var asynchronous = command as? AsyncParsableCommand {
+                try await asynchronous.run()
+            } else {
+                try command.run()
+            }
+        } catch {
+            exit(withError: error)
+        }
+    }
 }

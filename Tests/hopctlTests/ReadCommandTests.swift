@@ -13,6 +13,23 @@ import Testing
         #expect(FileManager.default.fileExists(atPath: folder.database))
     }
 
+    @Test func theDatabaseOptionsMayAlsoComeBeforeTheCommand() async throws {
+        let folder = try TemporaryDirectory()
+        try await completedStartup(folder)
+        let after = try await run("hopctl", ["history", "--flow", "startup", "--db", folder.database], in: folder)
+        for arguments in [
+            ["--db", folder.database, "history", "--flow", "startup"],
+            ["--db=\(folder.database)", "--busy-timeout", "100", "history", "--flow", "startup"],
+        ] {
+            let before = try await run("hopctl", arguments, in: folder)
+            #expect(before.status == 0, "\(arguments): \(before.stderr)")
+            #expect(before.stdout == after.stdout)
+        }
+        let login = try await run("hopctl", ["--db", folder.database, "session", "login", "bob", "--subject", "kiosk"], in: folder)
+        #expect(login.status == 0, "\(login.stderr)")
+        #expect(try await HopStore.open(path: folder.database).session(subject: "kiosk")?.userID == "bob")
+    }
+
     @Test func statusListsOneLinePerRunAsATableAndAsJSON() async throws {
         let folder = try TemporaryDirectory()
         try await completedStartup(folder)
