@@ -16,10 +16,11 @@ import Testing
     @Test func theDatabaseOptionsMayAlsoComeBeforeTheCommand() async throws {
         let folder = try TemporaryDirectory()
         try await completedStartup(folder)
-        let after = try await run("hopctl", ["history", "--flow", "startup", "--db", folder.database], in: folder)
+        // JSON: absolute times, the same whenever the command runs.
+        let after = try await run("hopctl", ["history", "--flow", "startup", "--json", "--db", folder.database], in: folder)
         for arguments in [
-            ["--db", folder.database, "history", "--flow", "startup"],
-            ["--db=\(folder.database)", "--busy-timeout", "100", "history", "--flow", "startup"],
+            ["--db", folder.database, "history", "--flow", "startup", "--json"],
+            ["--db=\(folder.database)", "--busy-timeout", "100", "history", "--flow", "startup", "--json"],
         ] {
             let before = try await run("hopctl", arguments, in: folder)
             #expect(before.status == 0, "\(arguments): \(before.stderr)")
