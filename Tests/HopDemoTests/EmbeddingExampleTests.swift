@@ -26,7 +26,8 @@ import Testing
         defer { daemon.kill() }
         let store = try await HopStore.open(path: folder.database)
         func at(_ step: String) async throws {
-            try await waitUntil("the start-up run is parked at \(step)") {
+            // Generous: under a sanitizer, beside the whole suite, the daemon starts slowly.
+            try await waitUntil("the start-up run is parked at \(step)", timeout: .seconds(120)) {
                 let run = try await store.latestRun(flow: "startup", subject: "default")
                 return run?.status == .parked && run?.currentStep == step
             }
