@@ -26,10 +26,18 @@ import Testing
         defer { daemon.kill() }
         let store = try await HopStore.open(path: folder.database)
         func at(_ step: String) async throws {
-            // Generous: under a sanitizer, beside the whole suite, the daemon starts slowly.
-            try await waitUntil("the start-up run is parked at \(step)", timeout: .seconds(120)) {
-                let run = try await store.latestRun(flow: "startup", subject: "default")
-                return run?.status == .parked && run?.currentStep == step
+            do {
+                // Generous: under a sanitizer, beside the whole suite, the daemon starts slowly.
+                try await waitUntil("the start-up run is parked at \(step)", timeout: .seconds(120)) {
+                    if let status = daemon.exitStatus {
+                        throw TestFailure("hop-minimal-daemon ended with \(status) before \(step)")
+                    }
+                    let run = try await store.latestRun(flow: "startup", subject: "default")
+                    return run?.status == .parked && run?.currentStep == step
+                }
+            } catch {
+                let runs = try await store.runs().map { "\($0.id) \($0.status.rawValue) \($0.currentStep ?? "-") owner \($0.owner ?? "-")" }
+                throw TestFailure("\(error)\nruns: \(runs)\nhop-minimal-daemon stderr:\n\(daemon.stderr)")
             }
         }
         func hopctl(_ arguments: [String]) async throws {
