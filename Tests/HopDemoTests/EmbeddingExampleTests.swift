@@ -24,7 +24,21 @@ import Testing
         let environment = ["HOP_DB": folder.database]
         let daemon = try ChildProcess("hop-minimal-daemon", [], environment: environment, directory: folder)
         defer { daemon.kill() }
-        let store = try await HopStore.open(path: folder.database)
+        // The daemon creates the database; the test opens it once it exists, without creating or
+        // migrating it, so that the test's own open never races the daemon's first one.
+        var opened: HopStore?
+        try await waitUntil("hop-minimal-daemon created its database", timeout: .seconds(120)) {
+            if let status = daemon.exitStatus {
+                throw TestFailure("hop-minimal-daemon ended with \(status) before creating its database:\n\(daemon.stderr)")
+            }
+            do {
+                opened = try await HopStore.open(path: folder.database, options: .init(createIfMissing: false, migrate: false))
+            } catch let error as HopStoreError where [.missing, .schemaOutdated, .busy].contains(error.kind) {
+                return false
+            }
+            return true
+        }
+        let store = try #require(opened)
         func at(_ step: String) async throws {
             do {
                 // Generous: under a sanitizer, beside the whole suite, the daemon starts slowly.

@@ -104,6 +104,26 @@ import Testing
         #expect(error?.description.contains("hopctl migrate") == true)
     }
 
+    @Test func openingACurrentDatabaseNeedsNoWriteLock() async throws {
+        let folder = try TemporaryDirectory()
+        _ = try await HopStore.open(path: folder.database)
+        let holder = try ChildProcess("hop-test-store", ["hold-lock", folder.database], keepInputOpen: true, directory: folder)
+        defer { holder.kill() }
+        try await holder.waitForOutput("locked")
+
+        // Another process holds the write lock: a daemon or hopctl still opens the database and reads.
+        let store = try await HopStore.open(path: folder.database, options: .init(busyTimeout: .milliseconds(100)))
+        #expect(store.schemaVersion == Migration.latestVersion)
+        #expect(try await store.session(subject: "default") == nil)
+        // A database that needs migrating does wait for the lock, and says so when it cannot get it.
+        var newer = HopStore.Options(busyTimeout: .milliseconds(100))
+        newer.migrations.append(Migration(version: Migration.latestVersion + 1, name: "future", sql: "CREATE TABLE future (x)"))
+        let error = await #expect(throws: HopStoreError.self) { try await HopStore.open(path: folder.database, options: newer) }
+        #expect(error?.kind == .busy, "\(String(describing: error))")
+        holder.closeInput()
+        #expect(try await holder.waitForExit() == 0)
+    }
+
     @Test func processesMigratingOneFreshFileAtOnceAllSucceedAndApplyTheSchemaOnce() async throws {
         let folder = try TemporaryDirectory()
         let children = try (0..<4).map { _ in

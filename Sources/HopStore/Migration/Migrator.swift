@@ -23,6 +23,9 @@ enum Migrator {
 
     /// Brings the schema up to the last of `migrations`; returns the schema version.
     static func migrate(_ connection: Connection, migrations: [Migration]) throws -> Int {
+        // A database that is already current (every open but the first) is checked in a read
+        // transaction: opening it never waits for, nor holds up, another process's writes.
+        if let version = try currentVersion(connection, migrations: migrations) { return version }
         let applied = try connection.write("migrate") {
             try connection.execute(createTable, operation: "migrate")
             return try check(connection, migrations: migrations)
@@ -41,6 +44,18 @@ enum Migrator {
             version = migration.version
         }
         return version
+    }
+
+    /// The schema version when every one of `migrations` is applied (checksums verified), else `nil`.
+    private static func currentVersion(_ connection: Connection, migrations: [Migration]) throws -> Int? {
+        try connection.read("check schema") {
+            let exists = try connection.queryOne(
+                "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = 'hop_migrations'", [], operation: "check schema"
+            ) { _ in true } ?? false
+            guard exists else { return nil }
+            let version = try check(connection, migrations: migrations).map(\.version).max() ?? 0
+            return version == (migrations.last?.version ?? 0) ? version : nil
+        }
     }
 
     /// Verifies the applied migrations against `migrations` without changing anything; returns the schema version.
