@@ -102,12 +102,12 @@ let package = Package(
         ),
         .executableTarget(
             name: "hop-test-faults",
-            dependencies: ["HopEngine", "CHopFaultVFS", .product(name: "Logging", package: "swift-log")],
+            dependencies: ["HopEngine", "CHopFaultVFS", "HopTestSupport", .product(name: "Logging", package: "swift-log")],
             path: "Tests/HopTestFaults"
         ),
         .target(
             name: "HopTestSupport",
-            dependencies: [.product(name: "Logging", package: "swift-log")],
+            dependencies: ["HopEngine", .product(name: "Logging", package: "swift-log")],
             path: "Tests/HopTestSupport"
         ),
         .testTarget(

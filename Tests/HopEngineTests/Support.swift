@@ -4,21 +4,6 @@ import HopStore
 import HopTestSupport
 import Logging
 
-/// The startup flow of the product, as the tests run it in process.
-func startupFlow(version: String = "1", transition: (@Sendable (Transition) async throws -> Void)? = nil) -> Flow {
-    Flow("startup", version: version, transition: transition) { flow in
-        try await flow.hop(to: "splash")
-        if try await flow.isFirstUse("onboarding") {
-            try await flow.hop(to: "onboarding")
-            try await flow.markUsed("onboarding")
-        }
-        if try await flow.session() == nil {
-            try await flow.hop(to: "login")
-        }
-        try await flow.hop(to: "main")
-    }
-}
-
 /// An engine over a fresh database with the startup flow; onboarding and login are external.
 func startupEngine(
     _ folder: TemporaryDirectory, logger: Logger = Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() }),

@@ -3,23 +3,6 @@ import Foundation
 import HopEngine
 import HopStore
 
-/// The start-up flow with every step finishing at once, as the reliability tests run it.
-func registerInstantStartup(on engine: HopEngine) {
-    engine.register(
-        Flow("startup", version: "1") { flow in
-            try await flow.hop(to: "splash")
-            if try await flow.isFirstUse("onboarding") {
-                try await flow.hop(to: "onboarding")
-                try await flow.markUsed("onboarding")
-            }
-            if try await flow.session() == nil {
-                try await flow.hop(to: "login")
-            }
-            try await flow.hop(to: "main")
-        })
-    for step in ["splash", "onboarding", "login", "main"] { engine.register(step: step) { _ in } }
-}
-
 /// The start-up flow's history when nothing goes wrong.
 let referencePath = [
     "hop splash", "unhop splash", "decision isFirstUse(onboarding)", "hop onboarding", "unhop onboarding",

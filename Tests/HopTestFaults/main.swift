@@ -9,6 +9,7 @@ import CHopFaultVFS
 import Foundation
 import HopEngine
 import HopStore
+import HopTestSupport
 import Logging
 
 func say(_ line: String) {
@@ -50,19 +51,7 @@ do {
                 if case .recorded(_, let entry) = event { say("ack \(entry.seq) \(entry.kind.rawValue) \(entry.step ?? "-")") }
             },
             engineID: "hop-test-faults"))  // a restarted helper takes its runs back at once
-    engine.register(
-        Flow("startup", version: "1") { flow in
-            try await flow.hop(to: "splash")
-            if try await flow.isFirstUse("onboarding") {
-                try await flow.hop(to: "onboarding")
-                try await flow.markUsed("onboarding")
-            }
-            if try await flow.session() == nil {
-                try await flow.hop(to: "login")
-            }
-            try await flow.hop(to: "main")
-        })
-    for step in ["splash", "onboarding", "login", "main"] { engine.register(step: step) { _ in } }
+    registerInstantStartup(on: engine)
     let run = try await engine.start("startup")
     let settled = try await engine.settled(runID: run.id)
     say(settled?.status.rawValue ?? "missing")
