@@ -25,7 +25,8 @@ enum Migrator {
     static func migrate(_ connection: Connection, migrations: [Migration]) throws -> Int {
         // A database that is already current (every open but the first) is checked in a read
         // transaction: opening it never waits for, nor holds up, another process's writes.
-        if let version = try currentVersion(connection, migrations: migrations) { return version }
+        let current = try appliedVersion(connection, migrations: migrations)
+        if current == migrations.last?.version ?? 0 { return current }
         let applied = try connection.write("migrate") {
             try connection.execute(createTable, operation: "migrate")
             return try check(connection, migrations: migrations)
@@ -46,36 +47,30 @@ enum Migrator {
         return version
     }
 
-    /// The schema version when every one of `migrations` is applied (checksums verified), else `nil`.
-    private static func currentVersion(_ connection: Connection, migrations: [Migration]) throws -> Int? {
+    /// The applied schema version, its migrations checked against `migrations` (0 when the file
+    /// holds no Hop schema yet), read in a read transaction.
+    private static func appliedVersion(_ connection: Connection, migrations: [Migration]) throws -> Int {
         try connection.read("check schema") {
             let exists = try connection.queryOne(
                 "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = 'hop_migrations'", [], operation: "check schema"
             ) { _ in true } ?? false
-            guard exists else { return nil }
-            let version = try check(connection, migrations: migrations).map(\.version).max() ?? 0
-            return version == (migrations.last?.version ?? 0) ? version : nil
+            return exists ? (try check(connection, migrations: migrations).map(\.version).max() ?? 0) : 0
         }
     }
 
     /// Verifies the applied migrations against `migrations` without changing anything; returns the schema version.
     static func verify(_ connection: Connection, migrations: [Migration]) throws -> Int {
-        try connection.read("check schema") {
-            let exists = try connection.queryOne(
-                "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = 'hop_migrations'", [], operation: "check schema"
-            ) { _ in true } ?? false
-            let version = exists ? (try check(connection, migrations: migrations).map(\.version).max() ?? 0) : 0
-            let latest = migrations.last?.version ?? 0
-            if version < latest {
-                throw HopStoreError(
-                    .schemaOutdated, operation: "check schema", path: connection.path,
-                    reason: version == 0
-                        ? "the file holds no Hop schema yet"
-                        : "the database has schema version \(version), this binary needs \(latest)",
-                    hint: "Run `hopctl migrate` (or start the daemon) to create or upgrade it")
-            }
-            return version
+        let version = try appliedVersion(connection, migrations: migrations)
+        let latest = migrations.last?.version ?? 0
+        if version < latest {
+            throw HopStoreError(
+                .schemaOutdated, operation: "check schema", path: connection.path,
+                reason: version == 0
+                    ? "the file holds no Hop schema yet"
+                    : "the database has schema version \(version), this binary needs \(latest)",
+                hint: "Run `hopctl migrate` (or start the daemon) to create or upgrade it")
         }
+        return version
     }
 
     private static func check(_ connection: Connection, migrations: [Migration]) throws -> [Applied] {

@@ -368,9 +368,9 @@ extension HopStore {
         return event
     }
 
-    @discardableResult
     /// Appends one history entry to run `runID` and, unless the caller updates the run's row
     /// itself (`touchesRun: false`), its `updated_at`.
+    @discardableResult
     func append(
         runID: Int64, _ kind: HistoryKind, step: String? = nil, token: String? = nil, value: String? = nil,
         touchesRun: Bool = true, operation: String
