@@ -134,7 +134,7 @@ let package = Package(
         ),
         .testTarget(
             name: "HopDemoTests",
-            dependencies: ["HopStore", "HopTestSupport", "hop-demo", "hop-minimal-daemon", "hopctl"]
+            dependencies: ["HopStore", "HopTestSupport", "hop-demo", "hop-minimal-daemon", "hopctl", "hop-test-store"]
         ),
     ],
     swiftLanguageModes: [.v6]

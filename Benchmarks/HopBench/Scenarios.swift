@@ -252,18 +252,17 @@ struct Scenarios {
 
     /// Runs one scenario in a process of its own and returns its figures.
     static func runScenarioProcess(_ name: String, folder: URL, quick: Bool = false) throws -> [Figure] {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: executablePath)
-        process.arguments = ["--child", name, "--folder", folder.path] + (quick ? ["--quick"] : [])
-        let output = Pipe()
-        process.standardOutput = output
-        try process.run()
-        let data = output.fileHandleForReading.readDataToEndOfFile()
-        process.waitUntilExit()
-        guard process.terminationStatus == 0 else {
-            throw BenchError("the scenario \(name) exited with \(process.terminationStatus)")
+        let output = folder.appendingPathComponent("\(name).figures").path
+        let errors = folder.appendingPathComponent("\(name).err").path
+        let status = try spawnAndWait(
+            executablePath, ["--child", name, "--folder", folder.path] + (quick ? ["--quick"] : []),
+            stdoutPath: output, stderrPath: errors)
+        let printed = (try? String(contentsOfFile: output, encoding: .utf8)) ?? ""
+        guard status == 0 else {
+            let message = (try? String(contentsOfFile: errors, encoding: .utf8)) ?? ""
+            throw BenchError("the scenario \(name) exited with \(status): \(message)")
         }
-        return String(decoding: data, as: UTF8.self).split(separator: "\n").compactMap { Figure(line: String($0)) }
+        return printed.split(separator: "\n").compactMap { Figure(line: String($0)) }
     }
 
     static var executablePath: String {
@@ -271,16 +270,11 @@ struct Scenarios {
     }
 
     static func runProcess(_ executable: String, _ arguments: [String]) throws {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: executable)
-        process.arguments = arguments
-        process.standardOutput = FileHandle.nullDevice
-        let errors = Pipe()
-        process.standardError = errors
-        try process.run()
-        process.waitUntilExit()
-        guard process.terminationStatus == 0 else {
-            let message = String(decoding: errors.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        let errors = FileManager.default.temporaryDirectory.appendingPathComponent("hop-bench-\(getpid()).err").path
+        defer { try? FileManager.default.removeItem(atPath: errors) }
+        let status = try spawnAndWait(executable, arguments, stdoutPath: nil, stderrPath: errors)
+        guard status == 0 else {
+            let message = (try? String(contentsOfFile: errors, encoding: .utf8)) ?? ""
             throw BenchError("\(executable) \(arguments.joined(separator: " ")) failed: \(message)")
         }
     }

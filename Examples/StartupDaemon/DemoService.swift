@@ -3,50 +3,90 @@ import HopEngine
 import HopStore
 import Logging
 import ServiceLifecycle
+import Synchronization
 
 /// Starts (or resumes) the start-up flow, narrates it, and ends once the run is over, so
 /// that the service group shuts the engine down with it. With `auto`, it finishes the
 /// external steps itself after a short pause.
+///
+/// It follows its run wherever it is executed: another daemon on the same database may execute
+/// it, and `hopctl` may cancel, restart or finish it; a restart is followed to the new run.
 struct DemoService: Service {
+    /// What the service reacts to: the engine's events, and a regular look at the stored run.
+    enum Event: Sendable {
+        case engine(EngineEvent)
+        case tick
+    }
+
     let engine: HopEngine
-    let events: AsyncStream<EngineEvent>
+    let events: AsyncStream<Event>
+    let ticks: AsyncStream<Event>.Continuation
     let narrator: Narrator
     let subject: String
     let auto: Bool
+    /// How the run ended, once it has.
+    let outcome: Outcome
 
     func run() async throws {
         let store = engine.store
         let existing = try await store.latestRun(flow: "startup", subject: subject)
+        var past: Int64 = 0
         if let existing, existing.status.isUnfinished {
+            past = try await store.history(runID: existing.id, limit: 1).last?.seq ?? 0
             let at = existing.currentStep.map { "at \($0)" } ?? "from its last step"
             narrator.say("resuming run \(existing.id) of startup for \(subject) \(at)")
         }
-        let run = try await engine.start("startup", subject: subject)
+        var run = try await engine.start("startup", subject: subject)
         if existing?.id != run.id { narrator.say("run \(run.id) of startup for \(subject): started") }
         var parkedStep: String?
+        // The last history entry of the run told: a resumed run's past is not told again.
+        var narrated = existing?.id == run.id ? past : 0
         if run.status == .parked, let step = run.currentStep {
             parkedStep = step
             try await parked(on: step)
         }
+        // The run may be changed by other processes, which send this one no event.
+        let ticker = Task { [ticks] in
+            while !Task.isCancelled {
+                try await Task.sleep(for: .milliseconds(100))
+                ticks.yield(.tick)
+            }
+        }
+        defer { ticker.cancel() }
 
         for await event in events.cancelOnGracefulShutdown() {
             switch event {
-            case .recorded(let reference, let entry) where reference.id == run.id:
+            case .engine(.recorded(let reference, let entry)) where reference.id == run.id && entry.seq > narrated:
                 narrator.recorded(entry, subject: subject)
-            case .settled(let record) where record.id == run.id:
-                switch record.status {
-                case .parked:
+                narrated = entry.seq
+            case .engine(.settled(let record)) where record.id == run.id && record.status == .parked:
+                if record.currentStep != parkedStep {
                     parkedStep = record.currentStep
                     try await parked(on: record.currentStep ?? "?")
-                case .running: continue
-                default:
-                    try await summary(record)
-                    return
                 }
-            case .executing(let reference, _) where reference.id == run.id:
+            case .engine(.executing(let reference, _)) where reference.id == run.id:
                 if let step = parkedStep {
                     narrator.say("\(step) finished: run \(run.id) continues")
                     parkedStep = nil
+                }
+            case .engine(.settled), .tick:
+                // Settled here, or changed elsewhere: a restart is followed, an end is reported.
+                guard let latest = try await store.latestRun(flow: "startup", subject: subject) else { continue }
+                if latest.id != run.id {
+                    narrator.say("run \(run.id) was restarted by another process as run \(latest.id): following it")
+                    run = latest
+                    parkedStep = nil
+                    narrated = 0
+                    continue
+                }
+                if !latest.status.isUnfinished {
+                    // What another process recorded, or what this one did that is still queued.
+                    for entry in try await store.history(runID: run.id) where entry.seq > narrated {
+                        narrator.recorded(entry, subject: subject)
+                    }
+                    outcome.status.withLock { $0 = latest.status }
+                    try await summary(latest)
+                    return
                 }
             default: continue
             }
@@ -61,10 +101,17 @@ struct DemoService: Service {
         guard auto else { return narrator.waiting(on: step, subject: subject) }
         narrator.note("--auto: finishing \(step) in a moment")
         try await Task.sleep(for: .seconds(1))
-        if step == "login" {
-            try await engine.storeSession(subject: subject, userID: "alice", token: Token.random(byteCount: 32))
-        } else if let inFlight = try await engine.inFlight(flow: "startup", subject: subject), inFlight.step == step {
-            try await engine.unhop(flow: "startup", subject: subject, token: inFlight.token, output: ["accepted": true])
+        do {
+            if step == "login" {
+                guard try await engine.store.session(subject: subject) == nil else { return }
+                try await engine.storeSession(subject: subject, userID: "alice", token: Token.random(byteCount: 32))
+            } else if let inFlight = try await engine.inFlight(flow: "startup", subject: subject), inFlight.step == step {
+                try await engine.unhop(flow: "startup", subject: subject, token: inFlight.token, output: ["accepted": true])
+            }
+        } catch let error as HopStoreError where error.kind == .refused {
+            narrator.note("--auto: \(step) was finished by another process")  // a second daemon on this database
+        } catch let error as HopEngineError where error.kind == .refused {
+            narrator.note("--auto: \(step) was finished by another process")
         }
     }
 
@@ -78,4 +125,9 @@ struct DemoService: Service {
             + "session \(session.map { "of \($0.userID) (token \(StoredSession.redact($0.token)))" } ?? "none"); "
             + "\(runs.count) run\(runs.count == 1 ? "" : "s") of startup")
     }
+}
+
+/// How the demo's run ended, for the exit status.
+final class Outcome: Sendable {
+    let status = Mutex<RunStatus?>(nil)
 }

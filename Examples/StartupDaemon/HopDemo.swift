@@ -4,6 +4,7 @@ import HopEngine
 import HopStore
 import Logging
 import ServiceLifecycle
+import Synchronization
 
 /// A Linux daemon's start-up, made durable with Hop: splash, onboarding on first use,
 /// login when no session is stored, then main.
@@ -37,19 +38,22 @@ struct HopDemo: AsyncParsableCommand {
         let narrator = Narrator(database: path, defaultDatabase: db == nil)
         narrator.say("hop-demo: database \(path)")
 
-        let (events, continuation) = AsyncStream.makeStream(of: EngineEvent.self)
+        let (events, continuation) = AsyncStream.makeStream(of: DemoService.Event.self)
         let systemd = SystemdNotifier()
         let store = try await HopStore.open(path: path, logger: logger)
         let engine = HopEngine(
             store: store, logger: logger,
             configuration: .init(
                 observer: { event in
-                    continuation.yield(event)
+                    continuation.yield(.engine(event))
                     if let systemd { Self.report(event, to: systemd) }
                 },
                 engineID: "hop-demo@\(ProcessInfo.processInfo.hostName)"))
         registerStartupSteps(on: engine)
-        let demo = DemoService(engine: engine, events: events, narrator: narrator, subject: subject, auto: auto)
+        let outcome = Outcome()
+        let demo = DemoService(
+            engine: engine, events: events, ticks: continuation, narrator: narrator, subject: subject, auto: auto,
+            outcome: outcome)
         let group = ServiceGroup(
             configuration: ServiceGroupConfiguration(
                 services: [
@@ -61,6 +65,10 @@ struct HopDemo: AsyncParsableCommand {
         try await group.run()
         systemd?.notify("STOPPING=1")
         continuation.finish()
+        // A run that failed or diverged needs an operator: say so with the exit status.
+        if let status = outcome.status.withLock({ $0 }), status == .failed || status == .diverged {
+            throw ExitCode.failure
+        }
     }
 
     /// Under systemd (`Type=notify`): ready once the engine has resumed its runs; the status

@@ -39,6 +39,7 @@ final class Narrator: Sendable {
             say("first use of \(feature): \(event.value == "true" ? "yes" : "no")")
         case .effect: say("recorded \(step)")
         case .complete: say("run \(event.runID) completed")
+        case .takeover: break  // which engine executes the run: `hopctl history` shows it
         default: say("\(event.kind.rawValue) \(step)")
         }
     }

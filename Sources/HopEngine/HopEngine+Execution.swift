@@ -28,6 +28,7 @@ extension HopEngine {
 
     private func didSettle(_ runID: Int64) async {
         executing[runID] = nil
+        holdings.withLock { $0.settled(runID) }
         if executeAgain.remove(runID) != nil, let run = try? await store.run(id: runID), run.status == .running,
             executing[runID] == nil
         {
@@ -68,18 +69,25 @@ extension HopEngine {
     /// another engine holds it or it no longer runs.
     @inline(never)
     private nonisolated func open(_ run: RunRecord, definition: Flow, claimed: ClaimedHistory?) async throws -> FlowRun? {
-        if let history = claimed?.take() { return opened(run, definition: definition, history: history) }
+        if let history = claimed?.take() {
+            holdings.withLock { _ = $0.held.insert(run.id) }
+            return opened(run, definition: definition, history: history)
+        }
         guard let history = try await claim(run) else { return nil }
         return opened(run, definition: definition, history: history)
     }
 
-    /// Claims the run for this engine and reads its history; `nil` when another engine holds it.
+    /// Claims the run for this engine and reads its history; `nil` when another live engine holds it.
     @inline(never)
     private nonisolated func claim(_ run: RunRecord) async throws -> [HistoryEvent]? {
-        guard try await store.claim(runID: run.id, owner: id, until: leaseEnd) != nil else {
-            notClaimed(run)
-            return nil
+        if try await store.claim(runID: run.id, owner: id, until: leaseEnd) == nil {
+            // Held elsewhere: by a live engine, or by one whose process is gone (a restart).
+            guard try await releaseRunsOfDeadEngines() > 0, try await store.claim(runID: run.id, owner: id, until: leaseEnd) != nil else {
+                notClaimed(run)
+                return nil
+            }
         }
+        holdings.withLock { _ = $0.held.insert(run.id) }
         return try await store.history(runID: run.id)
     }
 
@@ -118,11 +126,12 @@ extension HopEngine {
     @inline(never)
     private nonisolated func settle(_ run: RunRecord, after error: any Error, flowRun: FlowRun?) async {
         let logger = runLogger(run)
+        if holdings.withLock({ $0.lost.contains(run.id) }) { return }  // said once, when it was lost
         switch error {
         case Suspension.parked(let step):
             logger.debug("run parked on an external step", metadata: ["hop.step": "\(step)"])
         case Suspension.finished:
-            logger.info("run was finished or taken over elsewhere; stopped executing it")
+            logger.info("run was finished or taken over elsewhere; stopped executing it, writing nothing more")
         case _ where Task.isCancelled:
             logger.info("stopped executing run; it stays resumable")
             try? await store.release(runID: run.id, owner: id)
@@ -169,6 +178,8 @@ extension HopEngine {
     @inline(never)
     nonisolated func recordHop(run: FlowRun, step: String, from: String?, deadline: Date?) async throws -> HistoryEvent {
         let (parks, wakeOn) = try hopKind(of: step, run: run)
+        // Parking gives the run up: from its commit on, no engine holds it, which is no loss.
+        if parks { holdings.withLock { _ = $0.held.remove(run.runID) } }
         let event = try await record(run: run, kind: .hop, name: step) {
             try await self.store.recordHop(
                 runID: run.runID, step: step, from: from, parks: parks, wakeOn: wakeOn, deadline: deadline, owner: self.id)
@@ -361,7 +372,7 @@ extension HopEngine {
     /// After a refused write: stops this execution when the run was finished or taken over elsewhere.
     @inline(never)
     private nonisolated func stopIfFinishedElsewhere(_ run: FlowRun) async throws {
-        if let current = try await store.run(id: run.runID), !current.status.isUnfinished || (current.owner != nil && current.owner != id) {
+        if let current = try await store.run(id: run.runID), !current.status.isUnfinished || current.owner != id {
             run.stop(Suspension.finished)
             throw Suspension.finished
         }
@@ -376,4 +387,23 @@ final class ClaimedHistory: Sendable {
     init(_ history: [HistoryEvent]) { self.history = Mutex(history) }
 
     func take() -> [HistoryEvent]? { history.withLock { $0.take() } }
+}
+
+/// Which runs an engine holds, shared by its executions and its watch without an actor hop.
+struct Holdings: Sendable {
+    /// Runs this engine claimed and is executing.
+    var held: Set<Int64> = []
+    /// Held runs that another engine took over (this one was frozen past its lease): their
+    /// executions are cancelled and write nothing more.
+    var lost: Set<Int64> = []
+
+    /// Marks held run `runID` lost; `false` when it was not held or already marked.
+    mutating func lose(_ runID: Int64) -> Bool {
+        held.contains(runID) && lost.insert(runID).inserted
+    }
+
+    mutating func settled(_ runID: Int64) {
+        held.remove(runID)
+        lost.remove(runID)
+    }
 }

@@ -10,8 +10,10 @@ extension HopEngine: Service {
     /// every ``Configuration/pollInterval`` it ends steps whose deadline passed and, when
     /// another process changed the database (`PRAGMA data_version`), executes the runs that
     /// change woke (an unhop, a login, a re-route, a restart) and stops the runs it cancelled.
-    /// It renews its leases three times per ``Configuration/leaseDuration`` and takes over
-    /// runs whose engine's lease expired.
+    /// It renews the leases of the runs it executes three times per ``Configuration/leaseDuration``,
+    /// takes over at once the runs of engines whose process is gone (their liveness lock is free),
+    /// and the runs of any other engine once their lease expired. A run it finds taken over by
+    /// another engine (this one was stalled past its lease) stops here without another write.
     ///
     /// On shutdown, the steps in flight are cancelled, their leases released, and their runs
     /// stay resumable.
@@ -38,9 +40,11 @@ extension HopEngine: Service {
                 let renew = ContinuousClock.now - lastRenewal >= renewEvery
                 if renew {
                     lastRenewal = ContinuousClock.now
-                    try await store.renewLeases(owner: id, until: leaseEnd)
+                    let held = holdings.withLock { Array($0.held) }
+                    try await store.renewLeases(owner: id, runIDs: held, until: leaseEnd)
                 }
-                if version != seen || renew {
+                let released = try await releaseRunsOfDeadEngines()
+                if version != seen || renew || released > 0 {
                     seen = version
                     try await stopRunsFinishedElsewhere()
                     try await resumeAll()
@@ -68,12 +72,22 @@ extension HopEngine: Service {
         }
     }
 
-    /// Cancels the tasks of runs that another process cancelled or restarted.
+    /// Cancels the tasks of runs that another process cancelled or restarted, and of runs this
+    /// engine held but lost to another (it was frozen past its lease): those write nothing more.
     private func stopRunsFinishedElsewhere() async throws {
         guard !executing.isEmpty else { return }
-        for (runID, status) in try await store.statuses(of: Array(executing.keys)) where !status.isUnfinished {
-            executing[runID]?.cancel()
-            logger.info("run was ended by another process; its step is cancelled", metadata: ["hop.run": "\(runID)", "hop.status": "\(status.rawValue)"])
+        for (runID, stored) in try await store.statuses(of: Array(executing.keys)) {
+            if !stored.status.isUnfinished {
+                executing[runID]?.cancel()
+                logger.info(
+                    "run was ended by another process; its step is cancelled",
+                    metadata: ["hop.run": "\(runID)", "hop.status": "\(stored.status.rawValue)"])
+            } else if stored.owner != id, holdings.withLock({ $0.lose(runID) }) {
+                executing[runID]?.cancel()
+                logger.warning(
+                    "lost the lease on a run to another engine (this one was stalled past its lease); stopped executing it, writing nothing more",
+                    metadata: ["hop.run": "\(runID)", "hop.owner": "\(stored.owner.map(Incarnation.label(of:)) ?? "none")"])
+            }
         }
     }
 

@@ -31,10 +31,10 @@ public actor HopEngine {
         public var observer: (@Sendable (EngineEvent) -> Void)?
         /// Where metrics go; the process's `MetricsSystem` when `nil`.
         public var metricsFactory: (any MetricsFactory)?
-        /// A stable identity for this daemon instance, e.g. `"kiosk-agent@device-17"`: a daemon
-        /// restarted after a crash with the same identity takes its runs back at once. Without
-        /// one, each process gets a random identity and a crashed process's runs resume when
-        /// its leases expire. Two processes running at the same time must never share one.
+        /// A readable label for this daemon, e.g. `"kiosk-agent@device-17"`, shown by
+        /// `hopctl status` and in takeover entries of history; host and process id by default.
+        /// It is only a label: ownership of runs goes by the engine's ``HopEngine/incarnation``,
+        /// so any number of processes may share a label without ever executing a run twice.
         public var engineID: String?
 
         public init(
@@ -69,9 +69,13 @@ public actor HopEngine {
 
     /// The engine's database.
     public nonisolated let store: HopStore
-    /// This engine's identity as the owner of the runs it executes: ``Configuration/engineID``,
-    /// else host, process id and a random part.
-    public nonisolated let id: String
+    /// This engine's incarnation: the owner of the runs it executes, unique to this engine, and
+    /// the liveness lock that lets other engines take its runs back at once when its process dies.
+    public nonisolated let incarnation: Incarnation
+    /// This engine's owner value in the database (``Incarnation/id``): its label and a random part.
+    public nonisolated var id: String { incarnation.id }
+    /// This engine's readable label: ``Configuration/engineID``, else host and process id.
+    public nonisolated var label: String { incarnation.label }
     nonisolated let metrics: EngineMetrics
     nonisolated let logger: Logger
     nonisolated let configuration: Configuration
@@ -79,6 +83,9 @@ public actor HopEngine {
 
     /// Runs being executed in this process, by id.
     var executing: [Int64: Task<Void, Never>] = [:]
+    /// The runs of `executing` that this engine has claimed (it holds their lease), and those
+    /// it found it lost (another engine took them over): their executions stop without a write.
+    nonisolated let holdings = Mutex(Holdings())
     /// Runs asked to execute again while executing (an unhop arrived as they settled).
     var executeAgain: Set<Int64> = []
     var settleWaiters: [Int64: [CheckedContinuation<Void, Never>]] = [:]
@@ -87,8 +94,13 @@ public actor HopEngine {
         self.store = store
         self.logger = logger
         self.configuration = configuration
-        id = configuration.engineID ?? "\(ProcessInfo.processInfo.hostName):\(getpid()):\(Token.random(byteCount: 4))"
+        incarnation = store.makeIncarnation(label: configuration.engineID ?? "\(ProcessInfo.processInfo.hostName):\(getpid())")
         metrics = EngineMetrics(factory: configuration.metricsFactory ?? MetricsSystem.factory)
+        if !incarnation.canProveLiveness {
+            logger.warning(
+                "cannot hold a liveness lock beside the database (is its folder writable?); if this process dies, its runs are taken over only when their leases expire",
+                metadata: ["hop.db": "\(store.path)"])
+        }
     }
 
     // MARK: Registration
@@ -138,7 +150,8 @@ public actor HopEngine {
     /// holds (its lease expired, or it has none); returns how many.
     @discardableResult
     public func resumeAll() async throws -> Int {
-        let candidates = try await store.claimableRuns(flows: flowNames).filter { executing[$0.id] == nil }
+        try await releaseRunsOfDeadEngines()
+        let candidates = try await store.claimableRuns(flows: flowNames)
         var resumed = 0
         // In batches: one transaction claims a batch, one statement reads its histories, and
         // its runs start while the next batch is read.
@@ -146,8 +159,12 @@ public actor HopEngine {
             let batch = candidates[start..<min(start + Self.resumeBatch, candidates.count)].map(\.id)
             let claimed = try await store.claim(runIDs: batch, owner: id, until: leaseEnd)
             let histories = try await store.histories(runIDs: claimed.map(\.id))
-            for run in claimed where executing[run.id] == nil {
-                execute(run, claimed: histories[run.id] ?? [])
+            for run in claimed {
+                if executing[run.id] == nil {
+                    execute(run, claimed: histories[run.id] ?? [])
+                } else {
+                    executeAgain.insert(run.id)  // an execution that could not claim it is settling
+                }
                 resumed += 1
             }
         }
@@ -211,6 +228,21 @@ public actor HopEngine {
 
     /// How many runs this engine holds in memory.
     public var executingCount: Int { executing.count }
+
+    /// Releases the runs held by engines on this host whose process is gone (their liveness
+    /// lock is free), so that they are claimed at once rather than when their leases expire.
+    /// Returns how many runs were released.
+    @discardableResult
+    func releaseRunsOfDeadEngines() async throws -> Int {
+        var released = 0
+        for (owner, runs) in try await store.releaseRunsOfDeadIncarnations(except: incarnation) where runs > 0 {
+            released += runs
+            logger.info(
+                "an engine's process is gone; its runs are taken over",
+                metadata: ["hop.engine": "\(Incarnation.label(of: owner))", "hop.incarnation": "\(owner)", "hop.runs": "\(runs)"])
+        }
+        return released
+    }
 
     // MARK: Helpers
 

@@ -62,3 +62,68 @@ import Testing
         #expect(runRecord.status == .parked && runRecord.currentStep == "onboarding")
     }
 }
+
+/// hop-demo follows its run whatever another process does to it, and its exit status says how it ended.
+@Suite struct DemoFollowsItsRunTests {
+    @Test func aRunCancelledByHopctlIsReportedAndTheDemoExitsZero() async throws {
+        let folder = try TemporaryDirectory()
+        let demo = try ChildProcess("hop-demo", ["--db", folder.database], directory: folder)
+        defer { demo.kill() }
+        try await demo.waitForOutput("parked at onboarding")
+        #expect(try await run("hopctl", ["cancel", "--flow", "startup", "--db", folder.database], in: folder).status == 0)
+        #expect(try await demo.waitForExit(timeout: .seconds(30)) == 0, "\(demo.stdout)\(demo.stderr)")
+        #expect(demo.stdout.contains("run 1 is cancelled"), "\(demo.stdout)")
+    }
+
+    @Test func aRunRestartedByHopctlIsFollowedToTheNewRun() async throws {
+        let folder = try TemporaryDirectory()
+        let demo = try ChildProcess("hop-demo", ["--db", folder.database], directory: folder)
+        defer { demo.kill() }
+        try await demo.waitForOutput("parked at onboarding")
+        #expect(try await run("hopctl", ["restart", "--flow", "startup", "--db", folder.database], in: folder).status == 0)
+        try await demo.waitForOutput("run 1 was restarted by another process as run 2: following it", timeout: .seconds(30))
+        let store = try await HopStore.open(path: folder.database)
+        try await waitUntil("the daemon executes run 2 to onboarding", timeout: .seconds(30)) {
+            try await store.run(id: 2)?.status == .parked
+        }
+        #expect(try await run("hopctl", ["unhop", "--flow", "startup", "--db", folder.database], in: folder).status == 0)
+        #expect(try await run("hopctl", ["session", "login", "alice", "--db", folder.database], in: folder).status == 0)
+        #expect(try await demo.waitForExit(timeout: .seconds(30)) == 0, "\(demo.stdout)\(demo.stderr)")
+        #expect(demo.stdout.contains("run 2 is completed"), "\(demo.stdout)")
+    }
+
+    @Test func aRunFinishedByAnotherDaemonIsReportedAndBothExitZero() async throws {
+        let folder = try TemporaryDirectory()
+        let first = try ChildProcess("hop-demo", ["--db", folder.database], directory: folder)
+        defer { first.kill() }
+        try await first.waitForOutput("parked at onboarding")
+        // A second copy on the same database waits beside it; then the first is stopped, and
+        // the second finishes the run when an operator unhops it.
+        let second = try ChildProcess("hop-demo", ["--db", folder.database], directory: folder)
+        defer { second.kill() }
+        try await second.waitForOutput("resuming run 1 of startup for default at onboarding")
+        first.kill(SIGSTOP)
+        #expect(try await run("hopctl", ["unhop", "--flow", "startup", "--db", folder.database], in: folder).status == 0)
+        #expect(try await run("hopctl", ["session", "login", "alice", "--db", folder.database], in: folder).status == 0)
+        #expect(try await second.waitForExit(timeout: .seconds(30)) == 0, "\(second.stdout)\(second.stderr)")
+        first.kill(SIGCONT)
+        #expect(try await first.waitForExit(timeout: .seconds(30)) == 0, "\(first.stdout)\(first.stderr)")
+        for demo in [first, second] { #expect(demo.stdout.contains("run 1 is completed"), "\(demo.stdout)") }
+        // The first tells what the second did, once, in order.
+        #expect(first.stdout.components(separatedBy: "hop    -> main").count == 2, "\(first.stdout)")
+    }
+
+    @Test func aRunThatFailsEndsTheDemoWithANonZeroStatus() async throws {
+        let folder = try TemporaryDirectory()
+        let demo = try ChildProcess("hop-demo", ["--db", folder.database], directory: folder)
+        defer { demo.kill() }
+        try await demo.waitForOutput("parked at onboarding")
+        // A history that the flow code does not match (as if another version had recorded it):
+        // when the run moves on, it diverges.
+        let rename = try await run("hop-test-store", ["set-history-step", folder.database, "1", "1", "intro"], in: folder)
+        #expect(rename.status == 0, "\(rename.stderr)")
+        #expect(try await run("hopctl", ["unhop", "--flow", "startup", "--db", folder.database], in: folder).status == 0)
+        #expect(try await demo.waitForExit(timeout: .seconds(30)) == 1, "\(demo.stdout)\(demo.stderr)")
+        #expect(demo.stdout.contains("run 1 is diverged"), "\(demo.stdout)")
+    }
+}

@@ -67,7 +67,7 @@ import Testing
         try await other.waitForOutput("ready")
         #expect(!other.stdout.contains("executing run 1"), "B executed a run A holds")
         let store = try await HopStore.open(path: folder.database)
-        #expect(try await store.run(id: 1)?.owner == "A")
+        #expect(try await store.run(id: 1)?.ownerLabel == "A")
 
         owner.kill()
         try await owner.waitForExit()

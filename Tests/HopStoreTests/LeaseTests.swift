@@ -43,4 +43,35 @@ import Testing
         #expect(histories[c] == nil)
         #expect(histories[a] == (try await store.history(runID: a)))
     }
+
+    @Test func twoIncarnationsWithOneLabelAreTwoOwnersAndADeadOnesRunsAreReleasedAtOnce() async throws {
+        let folder = try TemporaryDirectory()
+        let store = try await HopStore.open(path: folder.database)
+        let first = try await store.startRun(flow: "startup", subject: "a", version: "1").run.id
+        let second = try await store.startRun(flow: "startup", subject: "b", version: "1").run.id
+        var old: Incarnation? = store.makeIncarnation(label: "kiosk")
+        let new = store.makeIncarnation(label: "kiosk")
+        let oldID = try #require(old?.id)
+        #expect(oldID != new.id && Incarnation.label(of: oldID) == "kiosk" && new.canProveLiveness)
+
+        let until = Date().addingTimeInterval(60)
+        #expect(try await store.claim(runIDs: [first, second], owner: oldID, until: until).count == 2)
+        #expect(try await store.claim(runID: first, owner: new.id, until: until) == nil, "the same label is no claim to a live lease")
+        #expect(try await store.releaseRunsOfDeadIncarnations(except: new).isEmpty, "a live incarnation is not dead")
+        #expect(try await store.renewLeases(owner: oldID, runIDs: [first], until: until) == [first], "only the runs named are renewed")
+        #expect(try await store.renewLeases(owner: new.id, runIDs: [first, second], until: until).isEmpty)
+
+        old = nil  // its lock goes, as when its process dies
+        let released = try await store.releaseRunsOfDeadIncarnations(except: new)
+        #expect(released.map(\.owner) == [oldID] && released.map(\.runs) == [2])
+        #expect(try await store.releaseRunsOfDeadIncarnations(except: new).isEmpty, "its lock file is gone with it")
+        let taken = try #require(try await store.claim(runID: first, owner: new.id, until: until))
+        #expect(taken.owner == new.id && taken.ownerLabel == "kiosk")
+        let takeover = try #require(try await store.history(runID: first).last)
+        #expect(takeover.kind == .takeover && takeover.step == "kiosk")
+        #expect(takeover.value == #"{"from":"\#(oldID)","to":"\#(new.id)"}"#)
+        // The old owner's writes are refused from now on: they are fenced by owner.
+        await #expect(throws: HopStoreError.self) { try await store.recordDecision(runID: first, name: "late", value: "1", owner: oldID) }
+        #expect(try await store.history(runID: first).count == 1)
+    }
 }

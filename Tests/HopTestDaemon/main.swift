@@ -18,6 +18,10 @@ import Logging
 //                (with --external)
 //   --subjects N runs the flow for subjects user-0 … user-(N-1) (with --external), prints "started N"
 //                once every run is parked, and serves until its standard input closes
+//   --mixed N    runs the flow "mixed" for subjects mixed-0 … mixed-(N-1), a third of them each in a
+//                step that works until the file PATH.release exists, in a durable sleep of 3 s, and
+//                parked on an external step with a 3 s timeout; prints "started N" once every run is
+//                there, and serves until standard input closes
 // Environment:
 //   HOP_TEST_KILL_AT=<point>   SIGKILL this process at the point, e.g. "before:hop:splash", "after:unhop:login"
 //   HOP_TEST_FAILS=<n>         splash throws on its first n attempts (it is tried up to 3 times)
@@ -35,6 +39,7 @@ struct Options {
     var sleep = 0.0
     var reroute = false
     var subjects = 0
+    var mixed = 0
 
     static func parse() -> Options {
         var options = Options()
@@ -50,6 +55,7 @@ struct Options {
             case "--sleep": options.sleep = Double(arguments.popFirst() ?? "") ?? 0
             case "--reroute": options.reroute = true
             case "--subjects": options.subjects = Int(arguments.popFirst() ?? "") ?? 0
+            case "--mixed": options.mixed = Int(arguments.popFirst() ?? "") ?? 0
             default:
                 FileHandle.standardError.write(Data("unknown argument \(argument)\n".utf8))
                 exit(64)
@@ -161,22 +167,49 @@ do {
         engine.register(step: "main") { step in noteBody(step) }
     }
 
+    engine.register(
+        Flow("mixed", version: "1") { flow in
+            switch flow.subject.split(separator: "-").last.flatMap({ Int($0) }).map({ $0 % 3 }) {
+            case 0: try await flow.hop(to: "work")
+            case 1: try await flow.sleep(for: .seconds(3), name: "nap")
+            default: try await flow.hop(to: "wait", timeout: .seconds(3))
+            }
+            try await flow.hop(to: "done")
+        })
+    engine.register(step: "work") { step in
+        noteBody(step)
+        while !FileManager.default.fileExists(atPath: path + ".release") { try await Task.sleep(for: .milliseconds(20)) }
+    }
+    engine.register(step: "wait", .external)
+    engine.register(step: "done") { step in noteBody(step) }
+
     let run: RunRecord
+    if options.mixed > 0 {
+        let service = Task { try await engine.run() }
+        var runIDs: [Int64] = []
+        for index in 0..<options.mixed { runIDs.append(try await engine.start("mixed", subject: "mixed-\(index)").id) }
+        // Every run is in its step, its sleep or parked, unless it has moved past that already.
+        for runID in runIDs {
+            while try await !store.history(runID: runID).contains(where: { [.hop, .timer].contains($0.kind) }) {
+                try await Task.sleep(for: .milliseconds(10))
+            }
+        }
+        say("started \(options.mixed)")
+        await waitForInputToClose()
+        service.cancel()
+        _ = try? await service.value
+        say("stopped")
+        exit(0)
+    }
     if options.subjects > 0 {
         let service = Task { try await engine.run() }
         var runIDs: [Int64] = []
         for index in 0..<options.subjects { runIDs.append(try await engine.start("startup", subject: "user-\(index)").id) }
-        while try await store.statuses(of: runIDs).values.contains(where: { $0 != .parked }) {
+        while try await store.statuses(of: runIDs).values.contains(where: { $0.status != .parked }) {
             try await Task.sleep(for: .milliseconds(10))
         }
         say("started \(options.subjects)")
-        // Serve until standard input closes (read on a thread of its own, off the cooperative pool).
-        await withCheckedContinuation { (done: CheckedContinuation<Void, Never>) in
-            Thread.detachNewThread {
-                _ = FileHandle.standardInput.readDataToEndOfFile()
-                done.resume()
-            }
-        }
+        await waitForInputToClose()
         service.cancel()
         _ = try? await service.value
         say("stopped")
@@ -213,5 +246,15 @@ actor AttemptCounter {
     func next() -> Int {
         count += 1
         return count
+    }
+}
+
+/// Serves until standard input closes (read on a thread of its own, off the cooperative pool).
+func waitForInputToClose() async {
+    await withCheckedContinuation { (done: CheckedContinuation<Void, Never>) in
+        Thread.detachNewThread {
+            _ = FileHandle.standardInput.readDataToEndOfFile()
+            done.resume()
+        }
     }
 }

@@ -6,12 +6,32 @@ import HopStore
 // Usage: hop-test-store migrate PATH    prints the schema version
 //        hop-test-store modes PATH      writes once, then prints the permission bits of the file, its -wal and -shm
 //        hop-test-store hold-lock PATH  takes the write lock, prints "locked", holds it until standard input closes
+//        hop-test-store set-history-step PATH RUN SEQ STEP
+//                                       renames the step of one history entry, as if an older flow
+//                                       version had recorded it (to make a run diverge)
 // HOP_TEST_UMASK=<octal> sets the process's umask first.
 
 if let mask = ProcessInfo.processInfo.environment["HOP_TEST_UMASK"], let value = mode_t(mask, radix: 8) {
     umask(value)
 }
 let arguments = CommandLine.arguments
+if arguments.count == 6, arguments[1] == "set-history-step", let run = Int64(arguments[3]), let seq = Int64(arguments[4]) {
+    var db: OpaquePointer?
+    var statement: OpaquePointer?
+    let transient = unsafeBitCast(-1, to: sqlite3_destructor_type.self)
+    guard sqlite3_open(arguments[2], &db) == SQLITE_OK,
+        sqlite3_prepare_v2(db, "UPDATE history SET step = ?1 WHERE run_id = ?2 AND seq = ?3", -1, &statement, nil) == SQLITE_OK,
+        sqlite3_bind_text(statement, 1, arguments[5], -1, transient) == SQLITE_OK,
+        sqlite3_bind_int64(statement, 2, run) == SQLITE_OK, sqlite3_bind_int64(statement, 3, seq) == SQLITE_OK,
+        sqlite3_step(statement) == SQLITE_DONE, sqlite3_changes(db) == 1
+    else {
+        FileHandle.standardError.write(Data("cannot rename the step of entry \(seq) of run \(run)\n".utf8))
+        exit(1)
+    }
+    sqlite3_finalize(statement)
+    sqlite3_close(db)
+    exit(0)
+}
 guard arguments.count == 3, ["migrate", "modes", "hold-lock"].contains(arguments[1]) else {
     FileHandle.standardError.write(Data("usage: hop-test-store migrate|modes|hold-lock PATH\n".utf8))
     exit(64)

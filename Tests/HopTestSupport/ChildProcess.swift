@@ -1,13 +1,28 @@
 import Foundation
 import Synchronization
 
-/// A real child process started by a test, with its output captured in files.
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A real child process started by a test with `posix_spawn`, its output captured in files.
+///
+/// Foundation's `Process` is not used: its `run()` over-reads a `dirent` on Linux
+/// (swift-corelibs-foundation PR #5472) and crashes a suite that starts many children now and then.
+/// The exit status is collected with a non-blocking `waitpid`, so no thread ever blocks on it.
 public final class ChildProcess: Sendable {
-    private let process: SendableProcess
-    private let exit = ExitStatus()
+    private let pid: pid_t
+    private let state = Mutex(State())
     public let stdoutPath: String
     public let stderrPath: String
     public let executable: String
+
+    private struct State {
+        /// The write end of the child's standard input, while open.
+        var input: Int32?
+        /// The raw `waitpid` status once the child has been reaped.
+        var waitStatus: Int32?
+    }
 
     /// Starts `executable` (a path, or the name of a product built beside the tests).
     public init(
@@ -17,39 +32,67 @@ public final class ChildProcess: Sendable {
         let path = executable.contains("/") ? executable : builtProduct(executable)
         self.executable = path
         let id = UUID().uuidString.prefix(8)
-        stdoutPath = directory.path("\(URL(fileURLWithPath: path).lastPathComponent)-\(id).out")
-        stderrPath = directory.path("\(URL(fileURLWithPath: path).lastPathComponent)-\(id).err")
-        _ = FileManager.default.createFile(atPath: stdoutPath, contents: nil)
-        _ = FileManager.default.createFile(atPath: stderrPath, contents: nil)
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: path)
-        process.arguments = arguments
+        let name = URL(fileURLWithPath: path).lastPathComponent
+        stdoutPath = directory.path("\(name)-\(id).out")
+        stderrPath = directory.path("\(name)-\(id).err")
         var env = ProcessInfo.processInfo.environment
         env["HOP_DB"] = nil
         for (key, value) in environment { env[key] = value }
-        process.environment = env
-        process.standardOutput = try FileHandle(forWritingTo: URL(fileURLWithPath: stdoutPath))
-        process.standardError = try FileHandle(forWritingTo: URL(fileURLWithPath: stderrPath))
-        let input = Pipe()
-        process.standardInput = input
-        self.process = SendableProcess(process)
-        process.terminationHandler = { [exit] finished in
-            exit.value.withLock { $0 = finished.terminationStatus }
+
+        var pipe: [Int32] = [-1, -1]  // [child's end, test's end]
+        // Standard input is one end of a socket pair, both ends created close-on-exec at once, so
+        // no child started meanwhile by another test inherits the write end and keeps this child
+        // from ever reading its end of input (the child's descriptor 0 is a dup2 copy, without the flag).
+        let type = Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue)
+        guard socketpair(AF_UNIX, type, 0, &pipe) == 0 else {
+            throw TestFailure("socketpair failed: \(String(cString: strerror(errno)))")
         }
-        try process.run()
-        if let stdin { input.fileHandleForWriting.write(Data(stdin.utf8)) }
-        self.input = input.fileHandleForWriting
-        if !keepInputOpen { try input.fileHandleForWriting.close() }
+        let pid: pid_t
+        do {
+            pid = try posixSpawn(path, arguments, environment: env) { [stdoutPath, stderrPath] actions in
+                posix_spawn_file_actions_adddup2(&actions, pipe[0], 0)
+                posix_spawn_file_actions_addopen(&actions, 1, stdoutPath, O_WRONLY | O_CREAT | O_TRUNC, 0o600)
+                posix_spawn_file_actions_addopen(&actions, 2, stderrPath, O_WRONLY | O_CREAT | O_TRUNC, 0o600)
+            }
+            close(pipe[0])
+        } catch {
+            close(pipe[0])
+            close(pipe[1])
+            throw error
+        }
+        self.pid = pid
+        if let stdin {
+            var bytes = Array(stdin.utf8)[...]
+            while !bytes.isEmpty {
+                let written = bytes.withUnsafeBytes { send(pipe[1], $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+                if written < 0 && errno == EINTR { continue }
+                guard written > 0 else { break }  // the child closed its input: it reads no more
+                bytes = bytes.dropFirst(written)
+            }
+        }
+        if keepInputOpen {
+            state.withLock { $0.input = pipe[1] }
+        } else {
+            close(pipe[1])
+        }
     }
 
-    private let input: FileHandle
+    deinit {
+        closeInput()
+        // A child still running when its test is done is killed and reaped, never left behind.
+        if exitStatus == nil {
+            Glibc.kill(pid, SIGKILL)
+            var status: Int32 = 0
+            while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
+        }
+    }
 
     /// Closes the process's standard input (for a process started with `keepInputOpen`).
     public func closeInput() {
-        try? input.close()
+        if let input = state.withLock({ $0.input.take() }) { close(input) }
     }
 
-    public var processIdentifier: Int32 { process.value.processIdentifier }
+    public var processIdentifier: Int32 { pid }
 
     /// What the process wrote to standard output so far.
     public var stdout: String { (try? String(contentsOfFile: stdoutPath, encoding: .utf8)) ?? "" }
@@ -57,15 +100,34 @@ public final class ChildProcess: Sendable {
     /// What the process wrote to standard error so far.
     public var stderr: String { (try? String(contentsOfFile: stderrPath, encoding: .utf8)) ?? "" }
 
+    /// The raw `waitpid` status once the process has ended; reaps it without waiting.
+    private var waitStatus: Int32? {
+        state.withLock { state in
+            if let status = state.waitStatus { return status }
+            var status: Int32 = 0
+            let reaped = waitpid(pid, &status, WNOHANG)
+            guard reaped == pid else { return nil }
+            state.waitStatus = status
+            return status
+        }
+    }
+
     /// The exit status once the process has ended (the signal number when a signal ended it).
-    public var exitStatus: Int32? { exit.value.withLock { $0 } }
+    public var exitStatus: Int32? {
+        guard let status = waitStatus else { return nil }
+        return status & 0x7f == 0 ? (status >> 8) & 0xff : status & 0x7f
+    }
 
     /// Whether a signal, rather than an exit, ended the process.
-    public var wasSignalled: Bool { process.value.terminationReason == .uncaughtSignal }
+    public var wasSignalled: Bool {
+        guard let status = waitStatus else { return false }
+        return status & 0x7f != 0 && status & 0x7f != 0x7f
+    }
 
-    /// Sends `signal` to the process.
+    /// Sends `signal` to the process (nothing once it has been reaped: its pid may be reused).
     public func kill(_ signal: Int32 = SIGKILL) {
-        Foundation.kill(process.value.processIdentifier, signal)
+        guard waitStatus == nil else { return }
+        Glibc.kill(pid, signal)
     }
 
     /// Waits until the process ends, at most `timeout`; returns its exit status.
@@ -79,22 +141,12 @@ public final class ChildProcess: Sendable {
     public func waitForOutput(_ text: String, timeout: Duration = .seconds(30)) async throws {
         try await waitUntil("\(executable) prints \"\(text)\"", timeout: timeout) {
             if self.stdout.contains(text) { return true }
-            if self.exitStatus != nil { throw TestFailure("\(self.executable) ended before printing \"\(text)\"; stdout:\n\(self.stdout)\nstderr:\n\(self.stderr)") }
+            if self.exitStatus != nil {
+                throw TestFailure("\(self.executable) ended before printing \"\(text)\"; stdout:\n\(self.stdout)\nstderr:\n\(self.stderr)")
+            }
             return false
         }
     }
-}
-
-private final class ExitStatus: Sendable {
-    let value = Mutex<Int32?>(nil)
-}
-
-/// Process from Foundation, used only through its thread-safe members.
-private struct SendableProcess: @unchecked Sendable {
-    // @unchecked: Process is configured before `run()` and afterwards only queried
-    // (pid, termination reason), which Foundation guards internally.
-    let value: Process
-    init(_ value: Process) { self.value = value }
 }
 
 /// Runs a built product to its end and returns its exit status, standard output and standard error.

@@ -11,17 +11,11 @@ import Glibc
 public func spawnAndWait(_ executable: String, _ arguments: [String], scratch: String) throws -> (status: Int32, stdout: String, stderr: String) {
     let outPath = scratch + ".out"
     let errPath = scratch + ".err"
-    var actions = posix_spawn_file_actions_t()
-    posix_spawn_file_actions_init(&actions)
-    defer { posix_spawn_file_actions_destroy(&actions) }
-    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
-    posix_spawn_file_actions_addopen(&actions, 1, outPath, O_WRONLY | O_CREAT | O_TRUNC, 0o600)
-    posix_spawn_file_actions_addopen(&actions, 2, errPath, O_WRONLY | O_CREAT | O_TRUNC, 0o600)
-    let argv = ([executable] + arguments).map { strdup($0) } + [nil]
-    defer { for pointer in argv { free(pointer) } }
-    var pid: pid_t = 0
-    let spawned = posix_spawn(&pid, executable, &actions, nil, argv, environ)
-    guard spawned == 0 else { throw TestFailure("cannot start \(executable): \(String(cString: strerror(spawned)))") }
+    let pid = try posixSpawn(executable, arguments, environment: ProcessInfo.processInfo.environment) { actions in
+        posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+        posix_spawn_file_actions_addopen(&actions, 1, outPath, O_WRONLY | O_CREAT | O_TRUNC, 0o600)
+        posix_spawn_file_actions_addopen(&actions, 2, errPath, O_WRONLY | O_CREAT | O_TRUNC, 0o600)
+    }
     var status: Int32 = 0
     while waitpid(pid, &status, 0) < 0 {
         guard errno == EINTR else { throw TestFailure("waitpid failed: \(String(cString: strerror(errno)))") }
@@ -32,6 +26,53 @@ public func spawnAndWait(_ executable: String, _ arguments: [String], scratch: S
     let stderr = (try? String(contentsOfFile: errPath, encoding: .utf8)) ?? ""
     return (code, stdout, stderr)
 }
+
+/// Starts `executable` with `posix_spawn`: `configure` sets up descriptors 0, 1 and 2; every
+/// other descriptor of the test process is closed in the child (a file another test is writing
+/// stays writable only there), signals start unblocked with default dispositions, and a start
+/// refused with "Text file busy" (a binary another thread has just copied) is tried again.
+public func posixSpawn(
+    _ executable: String, _ arguments: [String], environment: [String: String],
+    configure: (inout posix_spawn_file_actions_t) -> Void
+) throws -> pid_t {
+    var actions = posix_spawn_file_actions_t()
+    posix_spawn_file_actions_init(&actions)
+    defer { posix_spawn_file_actions_destroy(&actions) }
+    configure(&actions)
+    if let closeFrom = closeFromAction { _ = closeFrom(&actions, 3) }
+    var attributes = posix_spawnattr_t()
+    posix_spawnattr_init(&attributes)
+    defer { posix_spawnattr_destroy(&attributes) }
+    var signals = sigset_t()
+    sigemptyset(&signals)
+    posix_spawnattr_setsigmask(&attributes, &signals)
+    var defaults = sigset_t()
+    sigemptyset(&defaults)
+    for signal in [SIGPIPE, SIGTERM, SIGINT, SIGHUP, SIGCHLD] { sigaddset(&defaults, signal) }
+    posix_spawnattr_setsigdefault(&attributes, &defaults)
+    posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF))
+    let argv = ([executable] + arguments).map { strdup($0) } + [nil]
+    defer { for pointer in argv { free(pointer) } }
+    let envp = environment.map { strdup("\($0.key)=\($0.value)") } + [nil]
+    defer { for pointer in envp { free(pointer) } }
+    var pid: pid_t = 0
+    let deadline = ContinuousClock.now.advanced(by: .seconds(5))
+    while true {
+        let spawned = posix_spawn(&pid, executable, &actions, &attributes, argv, envp)
+        if spawned == 0 { return pid }
+        guard spawned == ETXTBSY, ContinuousClock.now < deadline else {
+            throw TestFailure("cannot start \(executable): \(String(cString: strerror(spawned)))")
+        }
+        usleep(1000)  // another child holds the fresh copy open for writing until it execs
+    }
+}
+
+/// glibc's `posix_spawn_file_actions_addclosefrom_np` (2.34 and later), which Swift's Glibc
+/// module does not declare.
+private let closeFromAction: (@convention(c) (UnsafeMutablePointer<posix_spawn_file_actions_t>, Int32) -> Int32)? = {
+    guard let symbol = dlsym(UnsafeMutableRawPointer(bitPattern: 0), "posix_spawn_file_actions_addclosefrom_np") else { return nil }
+    return unsafeBitCast(symbol, to: (@convention(c) (UnsafeMutablePointer<posix_spawn_file_actions_t>, Int32) -> Int32).self)
+}()
 
 /// Runs `body` on a thread of its own and returns its result: for blocking work in async tests.
 public func onThread<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {

@@ -38,12 +38,15 @@ import Testing
         #expect(table.status == 0)
         let lines = table.stdout.split(separator: "\n")
         #expect(lines.count == 2)
-        #expect(lines[0].split(separator: " ", omittingEmptySubsequences: true) == ["FLOW", "SUBJECT", "RUN", "STATUS", "STEP", "CHANGED"])
+        #expect(lines[0].split(separator: " ", omittingEmptySubsequences: true) == ["FLOW", "SUBJECT", "RUN", "STATUS", "STEP", "OWNER", "CHANGED"])
         #expect(lines[1].contains("startup") && lines[1].contains("completed") && lines[1].contains("ago"))
 
         let json = try #require(try await hopctlJSON(["status", "--flow", "startup", "--subject", "default"], in: folder) as? [[String: Any]])
         #expect(json.count == 1)
-        #expect(Set(json[0].keys) == ["run", "flow", "subject", "status", "current_step", "flow_version", "created_at", "updated_at"])
+        #expect(
+            Set(json[0].keys) == [
+                "run", "flow", "subject", "status", "current_step", "flow_version", "created_at", "updated_at", "owner", "lease_live",
+            ])
         #expect(json[0]["status"] as? String == "completed" && json[0]["flow"] as? String == "startup")
         #expect(try await hopctlJSON(["status", "--subject", "nobody"], in: folder) as? [Any] != nil)
     }

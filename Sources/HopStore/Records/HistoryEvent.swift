@@ -30,6 +30,9 @@ public enum HistoryKind: String, Sendable, Codable, CaseIterable {
     case fail
     /// The flow code no longer matches the history.
     case diverge
+    /// Another engine incarnation claimed the run: the step holds its label, the value
+    /// `{"from": previous incarnation, "to": new incarnation}`.
+    case takeover
 
     /// Whether the entry ends the step in flight (an unhop, a timeout or a re-route).
     public var endsStep: Bool { self == .unhop || self == .timeout || self == .reroute }

@@ -37,9 +37,10 @@ public struct RunRecord: Sendable, Equatable, Codable {
     public var currentToken: String?
     /// For a parked run: the stored change that unhops it (see ``WakeCondition``).
     public var wakeOn: WakeCondition?
-    /// The engine that executes the run, if one holds it.
+    /// The engine incarnation that executes the run, if one holds it (see ``Incarnation``).
     public var owner: String?
-    /// Until when `owner` holds the run.
+    /// Until when `owner` holds the run, unless it renews the lease; after that another
+    /// engine may take the run over (at once, when the owner's process is proven gone).
     public var leaseExpiresAt: Date?
     /// For a parked step with a timeout: when it times out.
     public var wakeAt: Date?
@@ -56,6 +57,17 @@ public enum WakeCondition: String, Sendable, Codable {
     /// Removing the session of the run's subject (a logout) ends the step with a re-route
     /// (e.g. a main step, so that the flow goes back through login).
     case sessionRemoved = "session-removed"
+}
+
+extension RunRecord {
+    /// The readable label of the engine that holds the run (its configured `engineID`), if one does.
+    public var ownerLabel: String? { owner.map(Incarnation.label(of:)) }
+
+    /// Whether the owner's lease on the run is still live at `now`.
+    public func leaseIsLive(at now: Date = Date()) -> Bool {
+        guard owner != nil, let leaseExpiresAt else { return false }
+        return leaseExpiresAt >= now
+    }
 }
 
 extension RunRecord {

@@ -1,48 +1,73 @@
 import Foundation
 
 extension HopStore {
-    /// Takes run `runID` for the engine `owner` until `until`, unless another engine holds a
-    /// live lease on it. Returns the run when taken, `nil` when it is held elsewhere or finished.
+    /// A new engine incarnation labelled `label`, holding the liveness lock beside this database
+    /// (see ``Incarnation``). Keep it for as long as the engine executes runs.
+    public nonisolated func makeIncarnation(label: String) -> Incarnation {
+        Incarnation(label: label, databasePath: path)
+    }
+
+    /// Takes run `runID` for the incarnation `owner` until `until`, unless another incarnation
+    /// holds a live lease on it. Returns the run when taken, `nil` when it is held elsewhere or
+    /// finished. When the run changes hands, a `takeover` entry records it in the run's history.
     public func claim(runID: Int64, owner: String, until: Date) async throws -> RunRecord? {
         let operation = "claim run \(runID)"
         return try await transaction(operation) { [self] in
-            let changed = try connection.run(
-                """
-                UPDATE runs SET owner = ?2, lease_expires_at = ?3
-                WHERE id = ?1 AND status = 'running' AND (owner IS NULL OR owner = ?2 OR lease_expires_at < ?4)
-                """,
-                [.integer(runID), .text(owner), .integer(Clock.milliseconds(until)), .integer(Clock.nowMilliseconds())],
-                operation: operation)
-            return changed == 1 ? try requireRun(runID, operation: operation) : nil
+            try claimLocked(selection: "id = ?1", [.integer(runID)], owner: owner, until: until, operation: operation).first
         }
     }
 
-    /// Takes every run of `runIDs` that no other engine holds for `owner` until `until`, in one
-    /// transaction; returns the runs taken, as stored (a resuming engine claims its runs so).
+    /// Takes every run of `runIDs` that no other incarnation holds for `owner` until `until`, in
+    /// one transaction; returns the runs taken, as stored (a resuming engine claims its runs so).
     public func claim(runIDs: [Int64], owner: String, until: Date) async throws -> [RunRecord] {
         guard !runIDs.isEmpty else { return [] }
         let operation = "claim \(runIDs.count) runs"
-        let list = "[" + runIDs.map(String.init).joined(separator: ",") + "]"
         return try await transaction(operation) { [self] in
-            try connection.query(
-                """
-                UPDATE runs SET owner = ?2, lease_expires_at = ?3
-                WHERE id IN (SELECT value FROM json_each(?1)) AND status = 'running'
-                    AND (owner IS NULL OR owner = ?2 OR lease_expires_at < ?4)
-                RETURNING \(RunRecord.columns)
-                """,
-                [.text(list), .text(owner), .integer(Clock.milliseconds(until)), .integer(Clock.nowMilliseconds())],
-                operation: operation, RunRecord.init(row:))
+            try claimLocked(
+                selection: "id IN (SELECT value FROM json_each(?1))", [.text(Self.jsonList(runIDs))], owner: owner, until: until,
+                operation: operation)
         }
     }
 
-    /// Extends every lease `owner` holds to `until`, in one statement; returns how many.
+    /// Claims the running runs that `selection` (over `?1`) picks and nobody else holds: no
+    /// owner, the claimer itself, or an expired lease. Records a takeover where one changes hands.
+    private func claimLocked(selection: String, _ selected: [SQLValue], owner: String, until: Date, operation: String) throws -> [RunRecord] {
+        let now = Clock.nowMilliseconds()
+        let claimable = "\(selection) AND status = 'running' AND (owner IS NULL OR owner = ?2 OR lease_expires_at < ?3)"
+        try connection.run(
+            """
+            INSERT INTO history (run_id, seq, kind, step, value, at)
+            SELECT id, coalesce((SELECT max(seq) FROM history WHERE run_id = runs.id), 0) + 1, 'takeover', ?4,
+                json_object('from', last_owner, 'to', ?2), ?3
+            FROM runs WHERE \(claimable) AND last_owner IS NOT NULL AND last_owner != ?2
+            """,
+            selected + [.text(owner), .integer(now), .text(Incarnation.label(of: owner))], operation: operation)
+        return try connection.query(
+            """
+            UPDATE runs SET owner = ?2, last_owner = ?2, lease_expires_at = ?4
+            WHERE \(claimable)
+            RETURNING \(RunRecord.columns)
+            """,
+            selected + [.text(owner), .integer(now), .integer(Clock.milliseconds(until))], operation: operation, RunRecord.init(row:))
+    }
+
+    /// Extends `owner`'s leases on `runIDs` (the runs it is executing) to `until`, in one
+    /// statement; returns the runs whose lease was extended. A run missing from the result is
+    /// no longer the owner's: it finished, parked, or another incarnation took it over.
     @discardableResult
-    public func renewLeases(owner: String, until: Date) async throws -> Int {
-        try await transaction("renew leases") { [self] in
-            try connection.run(
-                "UPDATE runs SET lease_expires_at = ?2 WHERE owner = ?1 AND status = 'running'",
-                [.text(owner), .integer(Clock.milliseconds(until))], operation: "renew leases")
+    public func renewLeases(owner: String, runIDs: [Int64], until: Date) async throws -> Set<Int64> {
+        guard !runIDs.isEmpty else { return [] }
+        let operation = "renew leases"
+        return try await transaction(operation) { [self] in
+            Set(
+                try connection.query(
+                    """
+                    UPDATE runs SET lease_expires_at = ?3
+                    WHERE id IN (SELECT value FROM json_each(?1)) AND owner = ?2 AND status = 'running'
+                    RETURNING id
+                    """,
+                    [.text(Self.jsonList(runIDs)), .text(owner), .integer(Clock.milliseconds(until))], operation: operation
+                ) { $0.int64(0) })
         }
     }
 
@@ -53,6 +78,35 @@ extension HopStore {
                 "UPDATE runs SET owner = NULL, lease_expires_at = NULL WHERE id = ?1 AND owner = ?2",
                 [.integer(runID), .text(owner)], operation: "release run \(runID)")
         }
+    }
+
+    /// Finds the incarnations on this host whose process is gone (their liveness lock is free),
+    /// releases the runs they held, so that any engine may claim them at once, and forgets them.
+    /// Returns the dead incarnations' owner values with the number of runs each held.
+    @discardableResult
+    public func releaseRunsOfDeadIncarnations(except own: Incarnation) async throws -> [(owner: String, runs: Int)] {
+        var released: [(owner: String, runs: Int)] = []
+        let locks = LivenessLocks(databasePath: path)
+        let dead = locks.dead(except: own.id)
+        // Every dead file found is let go of, whatever happens; a failed release is retried next time.
+        var forgettable: [(file: String, descriptor: Int32)] = []
+        defer {
+            for (file, descriptor) in forgettable { locks.forget(file: file, descriptor: descriptor) }
+            for entry in dead where !forgettable.contains(where: { $0.file == entry.file }) { close(entry.descriptor) }
+        }
+        for entry in dead {
+            if !entry.owner.isEmpty {
+                let operation = "release the runs of dead engine \(entry.owner)"
+                let count = try await transaction(operation) { [self] in
+                    try connection.run(
+                        "UPDATE runs SET owner = NULL, lease_expires_at = NULL WHERE owner = ?1 AND status = 'running'",
+                        [.text(entry.owner)], operation: operation)
+                }
+                released.append((entry.owner, count))
+            }
+            forgettable.append((entry.file, entry.descriptor))
+        }
+        return released
     }
 
     /// Unfinished, unparked runs of `flows` that no engine holds (no owner, or an expired lease), oldest first.
@@ -77,13 +131,18 @@ extension HopStore {
             [.integer(Clock.milliseconds(now))], operation: "list due timeouts", RunRecord.init(row:))
     }
 
-    /// The status of each of `runIDs` that still exists.
-    public func statuses(of runIDs: [Int64]) throws -> [Int64: RunStatus] {
+    /// The status and owner of each of `runIDs` that still exists.
+    public func statuses(of runIDs: [Int64]) throws -> [Int64: (status: RunStatus, owner: String?)] {
         guard !runIDs.isEmpty else { return [:] }
-        let list = "[" + runIDs.map(String.init).joined(separator: ",") + "]"
         let rows = try connection.query(
-            "SELECT id, status FROM runs WHERE id IN (SELECT value FROM json_each(?1))", [.text(list)],
-            operation: "read run statuses") { ($0.int64(0), RunStatus(rawValue: $0.text(1)) ?? .failed) }
+            "SELECT id, status, owner FROM runs WHERE id IN (SELECT value FROM json_each(?1))", [.text(Self.jsonList(runIDs))],
+            operation: "read run statuses"
+        ) { ($0.int64(0), (status: RunStatus(rawValue: $0.text(1)) ?? .failed, owner: $0.optionalText(2))) }
         return Dictionary(rows, uniquingKeysWith: { first, _ in first })
+    }
+
+    /// `ids` as a JSON array, for `json_each(?)`: one bound parameter for any number of ids.
+    static func jsonList(_ ids: [Int64]) -> String {
+        "[" + ids.map(String.init).joined(separator: ",") + "]"
     }
 }

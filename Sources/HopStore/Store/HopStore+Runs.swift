@@ -85,7 +85,7 @@ extension HopStore {
     /// The histories of `runIDs`, each in order, read in one statement (for an engine resuming many runs).
     public func histories(runIDs: [Int64]) throws -> [Int64: [HistoryEvent]] {
         guard !runIDs.isEmpty else { return [:] }
-        let list = "[" + runIDs.map(String.init).joined(separator: ",") + "]"
+        let list = Self.jsonList(runIDs)
         var histories: [Int64: [HistoryEvent]] = [:]
         histories.reserveCapacity(runIDs.count)
         for event in try connection.query(
@@ -432,10 +432,13 @@ extension HopStore {
                 .refused, operation, "run \(runID) of \(run.flow) for \(run.subject) is \(run.status.rawValue) and no longer advances",
                 hint: "Start it over with `hopctl restart --flow \(run.flow) --subject \(run.subject)`")
         }
-        if let owner, let holder = run.owner, holder != owner {
+        // Fenced: an engine writes to a run only while it holds it. One that lost it (it was
+        // frozen past its lease, another took over, the run parked) writes nothing more.
+        if let owner, run.owner != owner {
+            let holder = run.owner.map { "another engine (\(Incarnation.label(of: $0)))" } ?? "no engine"
             throw refuse(
-                .refused, operation, "run \(runID) is held by another engine (\(holder)); this engine no longer executes it",
-                hint: "Nothing to do: the other engine carries the run on")
+                .refused, operation, "run \(runID) is held by \(holder); this engine no longer executes it",
+                hint: "Nothing to do: the engine that holds the run carries it on")
         }
         return run
     }

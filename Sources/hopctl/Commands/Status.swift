@@ -1,9 +1,14 @@
 import ArgumentParser
+import Foundation
 import HopStore
 
 struct Status: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "One line per run: flow, subject, status, current step, last change (latest run of each flow and subject).")
+        abstract: "One line per run: flow, subject, status, current step, owner, last change (latest run of each flow and subject).",
+        discussion: """
+            OWNER is the label of the engine executing the run and whether its lease is live; \
+            "-" when no engine holds the run (it is parked, finished, or waits for an engine).
+            """)
 
     @OptionGroup var global: GlobalOptions
     @OptionGroup var output: OutputOptions
@@ -25,7 +30,13 @@ struct Status: AsyncParsableCommand {
         if output.json { return try Output.json(runs.map(RunJSON.init)) }
         if runs.isEmpty { return Output.note("no runs in \(store.path)") }
         Output.table(
-            ["FLOW", "SUBJECT", "RUN", "STATUS", "STEP", "CHANGED"],
-            runs.map { [$0.flow, $0.subject, "\($0.id)", $0.status.rawValue, $0.currentStep ?? "-", Output.relative($0.updatedAt)] })
+            ["FLOW", "SUBJECT", "RUN", "STATUS", "STEP", "OWNER", "CHANGED"],
+            runs.map { [$0.flow, $0.subject, "\($0.id)", $0.status.rawValue, $0.currentStep ?? "-", Self.owner($0), Output.relative($0.updatedAt)] })
+    }
+
+    /// The owner's label and whether its lease is live, or "-".
+    static func owner(_ run: RunRecord, now: Date = Date()) -> String {
+        guard let label = run.ownerLabel else { return "-" }
+        return "\(label) (lease \(run.leaseIsLive(at: now) ? "live" : "expired"))"
     }
 }

@@ -12,6 +12,8 @@ struct RunJSON: Encodable {
     var flowVersion: String
     var createdAt: Date
     var updatedAt: Date
+    var owner: String?
+    var leaseLive: Bool
 
     init(_ run: RunRecord) {
         self.run = run.id
@@ -22,6 +24,8 @@ struct RunJSON: Encodable {
         flowVersion = run.flowVersion
         createdAt = run.createdAt
         updatedAt = run.updatedAt
+        owner = run.ownerLabel
+        leaseLive = run.leaseIsLive()
     }
 
     enum CodingKeys: String, CodingKey {
@@ -30,6 +34,8 @@ struct RunJSON: Encodable {
         case flowVersion = "flow_version"
         case createdAt = "created_at"
         case updatedAt = "updated_at"
+        case owner
+        case leaseLive = "lease_live"
     }
 
     func encode(to encoder: Encoder) throws {
@@ -42,6 +48,8 @@ struct RunJSON: Encodable {
         try container.encode(flowVersion, forKey: .flowVersion)
         try container.encode(createdAt, forKey: .createdAt)
         try container.encode(updatedAt, forKey: .updatedAt)
+        try container.encode(owner, forKey: .owner)
+        try container.encode(leaseLive, forKey: .leaseLive)
     }
 }
 

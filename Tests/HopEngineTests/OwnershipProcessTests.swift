@@ -1,0 +1,135 @@
+import Foundation
+import HopStore
+import HopTestSupport
+import Testing
+
+/// One executor per run, decided by liveness, never by the engine's label: tried the way an
+/// operator does it, with real processes that share a label, are killed, restarted and frozen.
+@Suite struct OwnershipProcessTests {
+    @Test func aDaemonRestartedWithTheSameLabelAfterSIGKILLTakesEveryRunBackAtOnce() async throws {
+        let folder = try TemporaryDirectory()
+        // A lease far longer than the test: nothing here may wait for one to expire.
+        let arguments = ["--db", folder.database, "--mixed", "51", "--engine-id", "kiosk", "--lease", "120"]
+        let first = try ChildProcess("hop-test-daemon", arguments, keepInputOpen: true, directory: folder)
+        try await first.waitForOutput("started 51", timeout: .seconds(60))
+        first.kill()
+        try await first.waitForExit()
+
+        let store = try await HopStore.open(path: folder.database)
+        let inFlight = try await store.unfinishedRuns(status: .running, flows: ["mixed"])
+        #expect(inFlight.count >= 17, "17 runs in a step, up to 17 in a durable sleep")
+        let dead = Set(inFlight.compactMap(\.owner))
+        #expect(dead.count == 1 && inFlight.allSatisfy { $0.ownerLabel == "kiosk" && $0.leaseIsLive() })
+        let parked = try await store.unfinishedRuns(status: .parked, flows: ["mixed"])
+        #expect(inFlight.count + parked.count >= 34, "up to 17 parked with a timeout, unless it came before the kill")
+        let unfinished = Set((inFlight + parked).map(\.id))
+
+        let second = try ChildProcess("hop-test-daemon", arguments, keepInputOpen: true, directory: folder)
+        defer { second.kill() }
+        try await second.waitForOutput("ready", timeout: .seconds(30))
+        // Ready means resumed: no run is held by the dead process any more, and every run in
+        // its step (which cannot move on before the release) is held by the new one already.
+        // (Sleeps and timeouts may come due meanwhile on a loaded machine, and move their runs on.)
+        let resumed = try await store.unfinishedRuns(status: .running, flows: ["mixed"])
+        #expect(!resumed.contains { dead.contains($0.owner ?? "") })
+        let working = resumed.filter { Int($0.subject.dropFirst("mixed-".count)).map { $0 % 3 == 0 } == true }
+        #expect(working.count == 17)
+        for run in working {
+            #expect(run.ownerLabel == "kiosk" && !dead.contains(run.owner ?? "") && run.leaseIsLive(), "run \(run.id): \(run.owner ?? "-")")
+        }
+        #expect(FileManager.default.createFile(atPath: folder.database + ".release", contents: nil))
+        try await waitUntil("all 51 runs completed, long before a lease could expire", timeout: .seconds(30)) {
+            let running = try await store.unfinishedRuns(status: .running, flows: ["mixed"])
+            let parked = try await store.unfinishedRuns(status: .parked, flows: ["mixed"])
+            return running.isEmpty && parked.isEmpty
+        }
+        for index in 0..<51 {
+            let run = try #require(try await store.latestRun(flow: "mixed", subject: "mixed-\(index)"))
+            #expect(run.status == .completed, "run \(run.id) is \(run.status.rawValue)")
+            let history = try await store.history(runID: run.id)
+            #expect(!history.contains { [.error, .fail, .diverge].contains($0.kind) })
+            // Every run unfinished at the kill changed hands once (a parked one when its timeout
+            // came), and the history says to whom.
+            let takeovers = history.filter { $0.kind == .takeover }
+            #expect(takeovers.count == (unfinished.contains(run.id) ? 1 : 0), "run \(run.id): \(takeovers)")
+            for takeover in takeovers {
+                #expect(takeover.step == "kiosk" && dead.contains { takeover.value?.contains($0) == true }, "\(takeover)")
+            }
+        }
+        second.closeInput()
+        #expect(try await second.waitForExit() == 0)
+    }
+
+    @Test func aFrozenOwnerLosesItsRunOnlyWhenTheLeaseExpiresAndThenWritesNothing() async throws {
+        let folder = try TemporaryDirectory()
+        // A: splash takes forever. B: the same label, a normal splash.
+        let arguments = ["--db", folder.database, "--external", "--engine-id", "twin", "--lease", "1"]
+        let owner = try ChildProcess("hop-test-daemon", arguments, environment: ["HOP_TEST_SLOW_SPLASH": "1"], directory: folder)
+        defer { owner.kill(SIGCONT); owner.kill() }
+        try await owner.waitForOutput("point after:hop:splash")
+        let other = try ChildProcess("hop-test-daemon", arguments, directory: folder)
+        defer { other.kill() }
+        try await other.waitForOutput("ready")
+        #expect(!other.stdout.contains("executing run 1"), "B executed a run A holds, though A is alive and holds it under the same label")
+
+        owner.kill(SIGSTOP)
+        let store = try await HopStore.open(path: folder.database)
+        let held = try #require(try await store.run(id: 1))
+        let expiry = try #require(held.leaseExpiresAt)
+        try await other.waitForOutput("parked onboarding", timeout: .seconds(15))
+        let history = try await store.history(runID: 1)
+        let takeover = try #require(history.first { $0.kind == .takeover })
+        #expect(takeover.at >= expiry, "taken over \(expiry.timeIntervalSince(takeover.at)) s before the lease expired")
+        #expect(takeover.value?.contains(held.owner ?? "?") == true)
+
+        owner.kill(SIGCONT)
+        try await waitUntil("the thawed owner stops its step", timeout: .seconds(10)) {
+            ((try? String(contentsOfFile: folder.database + ".bodies", encoding: .utf8)) ?? "").contains("1 splash-cancelled")
+        }
+        // The thawed owner wrote nothing: the history is as B left it, and B still leads the run.
+        #expect(try await store.history(runID: 1) == history)
+        #expect(try await run("hopctl", ["unhop", "--flow", "startup", "--db", folder.database], in: folder).status == 0)
+        #expect(try await run("hopctl", ["session", "login", "alice", "--db", folder.database], in: folder).status == 0)
+        #expect(try await other.waitForExit(timeout: .seconds(15)) == 0)
+        #expect(other.stdout.contains("settled completed"))
+        #expect(try await owner.waitForExit(timeout: .seconds(15)) == 0, "the thawed owner follows the run to its end")
+
+        let final = try await store.history(runID: 1)
+        #expect(final.filter { $0.kind == .hop }.map { $0.step ?? "" } == ["splash", "onboarding", "login", "main"])
+        // Once the owner is thawed, either engine may execute the run after an unhop: a clean change of hands.
+        #expect(final.filter { $0.kind == .takeover }.first == takeover)
+        #expect(!final.contains { [.error, .fail, .diverge].contains($0.kind) })
+        #expect(final.filter { $0.kind == .effect }.count == 1)
+    }
+
+    @Test func twinDaemonsWithTheSameLabelNeverExecuteARunTwice() async throws {
+        // Two copies of the example daemon (the same label, hop-demo@host) started together on a
+        // fresh database, 20 times, four databases at a time.
+        for batch in 0..<5 {
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                for attempt in 0..<4 {
+                    group.addTask { try await Self.twinStart(attempt: batch * 4 + attempt) }
+                }
+                try await group.waitForAll()
+            }
+        }
+    }
+
+    private static func twinStart(attempt: Int) async throws {
+        let folder = try TemporaryDirectory()
+        let twins = try (0..<2).map { _ in try ChildProcess("hop-demo", ["--auto", "--db", folder.database], directory: folder) }
+        defer { for twin in twins { twin.kill() } }
+        for twin in twins {
+            let status = try await twin.waitForExit(timeout: .seconds(30))
+            #expect(status == 0, "attempt \(attempt): \(twin.stdout)\(twin.stderr)")
+            #expect(twin.stdout.contains("run 1 is completed"), "attempt \(attempt): \(twin.stdout)\(twin.stderr)")
+        }
+        let store = try await HopStore.open(path: folder.database)
+        #expect(try await store.allRuns(flow: "startup", subject: "default").map(\.status) == [.completed], "attempt \(attempt)")
+        let history = try await store.history(runID: 1)
+        let kinds = history.map { "\($0.kind.rawValue) \($0.step ?? "")" }
+        #expect(history.filter { $0.kind == .hop }.map { $0.step ?? "" } == ["splash", "onboarding", "login", "main"], "attempt \(attempt): \(kinds)")
+        #expect(history.filter { $0.kind == .effect }.count == 1, "attempt \(attempt): markUsed once: \(kinds)")
+        #expect(!history.contains { [.error, .fail, .diverge].contains($0.kind) }, "attempt \(attempt): \(kinds)")
+    }
+}
