@@ -21,7 +21,7 @@ random.seed(int(os.environ.get("HOP_FUZZ_SEED", time.time())))
 seeds = [
     ["status"], ["status", "--flow", "startup", "--subject", "default", "--json"],
     ["history", "--flow", "startup", "--limit", "5"], ["history", "--flow", "startup", "--run", "1", "--json"],
-    ["unhop", "--flow", "startup", "--output", '{"accepted": true}'], ["unhop", "--flow", "startup", "--output", "[1, 2, {}]"],
+    ["unhop", "--flow", "startup", "--step", "onboarding", "--output", '{"accepted": true}'], ["unhop", "--flow", "startup", "--step", "onboarding", "--output", "[1, 2, {}]"],
     ["cancel", "--flow", "startup"], ["restart", "--flow", "startup"], ["reset-first-use", "onboarding"],
     ["reset-first-use", "--all"], ["first-use", "list", "--json"], ["session", "login", "alice", "--expires-in", "30d"],
     ["session", "logout"], ["session", "show", "--json"], ["graph", "--flow", "startup", "--format", "dot"], ["migrate"],

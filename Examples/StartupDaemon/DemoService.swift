@@ -105,13 +105,11 @@ struct DemoService: Service {
             if step == "login" {
                 guard try await engine.store.session(subject: subject) == nil else { return }
                 try await engine.storeSession(subject: subject, userID: "alice", token: Token.random(byteCount: 32))
-            } else if let inFlight = try await engine.inFlight(flow: "startup", subject: subject), inFlight.step == step {
-                try await engine.unhop(flow: "startup", subject: subject, token: inFlight.token, output: ["accepted": true])
+            } else {
+                try await engine.unhop(flow: "startup", subject: subject, step: step, output: ["accepted": true])
             }
-        } catch let error as HopStoreError where error.kind == .refused {
+        } catch let error as HopStoreError where error.kind == .refused || error.kind == .notFound {
             narrator.note("--auto: \(step) was finished by another process")  // a second daemon on this database
-        } catch let error as HopEngineError where error.kind == .refused {
-            narrator.note("--auto: \(step) was finished by another process")
         }
     }
 

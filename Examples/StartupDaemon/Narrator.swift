@@ -49,7 +49,7 @@ final class Narrator: Sendable {
         let subjectFlag = subject == "default" ? "" : " --subject \(subject)"
         switch step {
         case "login": note("waiting for a login: run `\(hopctl) session login alice\(subjectFlag)`")
-        default: note("waiting for \(step) to finish: run `\(hopctl) unhop --flow startup\(subjectFlag)`")
+        default: note("waiting for \(step) to finish: run `\(hopctl) unhop --flow startup --step \(step)\(subjectFlag)`")
         }
     }
 }

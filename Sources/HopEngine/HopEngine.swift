@@ -187,6 +187,19 @@ public actor HopEngine {
         if let updated = try await store.run(id: run.id) { execute(updated) }
     }
 
+    /// Finishes `step`, on which the unfinished run of `flow` for `subject` is parked, exactly
+    /// once; then the run proceeds. Addressed by step, so a retry never finishes the step after it.
+    /// - Throws: `HopStoreError` of kind `.refused`, changing nothing, when the run is not parked on
+    ///   `step` or `step` finishes when a session is stored (use ``storeSession(subject:userID:token:expiresAt:)``);
+    ///   `.notFound` without an unfinished run.
+    public func unhop(flow: String, subject: String = "default", step: String, output: (some Encodable & Sendable)? = String?.none) async throws {
+        let json = try output.map { try JSONCoding.encode($0) }
+        let (run, event) = try await store.unhopParked(flow: flow, subject: subject, step: step, output: json)
+        metrics.unhops.increment()
+        notify(.recorded(run: ref(run), event: event))
+        execute(run)
+    }
+
     /// The step the unfinished run of `flow` for `subject` has in flight, and its token.
     public func inFlight(flow: String, subject: String = "default") async throws -> (step: String, token: String)? {
         guard let run = try await store.latestRun(flow: flow, subject: subject), run.status.isUnfinished,

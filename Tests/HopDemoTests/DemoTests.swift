@@ -33,7 +33,7 @@ import Testing
     @Test func killedWhileWaitingOnOnboardingItResumesThereWithoutShowingSplashAgain() async throws {
         let folder = try TemporaryDirectory()
         let first = try ChildProcess("hop-demo", ["--db", folder.database], directory: folder)
-        try await first.waitForOutput("run `hopctl --db \(folder.database) unhop --flow startup`")
+        try await first.waitForOutput("run `hopctl --db \(folder.database) unhop --flow startup --step onboarding`")
         first.kill(SIGKILL)
         try await first.waitForExit()
 
@@ -41,7 +41,7 @@ import Testing
         defer { second.kill() }
         try await second.waitForOutput("resuming run 1 of startup for default at onboarding")
         try await second.waitForOutput("parked at onboarding")
-        #expect(try await run("hopctl", ["unhop", "--flow", "startup", "--db", folder.database], in: folder).status == 0)
+        #expect(try await run("hopctl", ["unhop", "--flow", "startup", "--step", "onboarding", "--db", folder.database], in: folder).status == 0)
         try await second.waitForOutput("run `hopctl --db \(folder.database) session login alice`")
         #expect(try await run("hopctl", ["session", "login", "alice", "--db", folder.database], in: folder).status == 0)
         try await second.waitForOutput("run 1 is completed")
@@ -86,7 +86,7 @@ import Testing
         try await waitUntil("the daemon executes run 2 to onboarding", timeout: .seconds(30)) {
             try await store.run(id: 2)?.status == .parked
         }
-        #expect(try await run("hopctl", ["unhop", "--flow", "startup", "--db", folder.database], in: folder).status == 0)
+        #expect(try await run("hopctl", ["unhop", "--flow", "startup", "--step", "onboarding", "--db", folder.database], in: folder).status == 0)
         #expect(try await run("hopctl", ["session", "login", "alice", "--db", folder.database], in: folder).status == 0)
         #expect(try await demo.waitForExit(timeout: .seconds(30)) == 0, "\(demo.stdout)\(demo.stderr)")
         #expect(demo.stdout.contains("run 2 is completed"), "\(demo.stdout)")
@@ -103,7 +103,7 @@ import Testing
         defer { second.kill() }
         try await second.waitForOutput("resuming run 1 of startup for default at onboarding")
         first.kill(SIGSTOP)
-        #expect(try await run("hopctl", ["unhop", "--flow", "startup", "--db", folder.database], in: folder).status == 0)
+        #expect(try await run("hopctl", ["unhop", "--flow", "startup", "--step", "onboarding", "--db", folder.database], in: folder).status == 0)
         #expect(try await run("hopctl", ["session", "login", "alice", "--db", folder.database], in: folder).status == 0)
         #expect(try await second.waitForExit(timeout: .seconds(30)) == 0, "\(second.stdout)\(second.stderr)")
         first.kill(SIGCONT)
@@ -122,7 +122,7 @@ import Testing
         // when the run moves on, it diverges.
         let rename = try await run("hop-test-store", ["set-history-step", folder.database, "1", "1", "intro"], in: folder)
         #expect(rename.status == 0, "\(rename.stderr)")
-        #expect(try await run("hopctl", ["unhop", "--flow", "startup", "--db", folder.database], in: folder).status == 0)
+        #expect(try await run("hopctl", ["unhop", "--flow", "startup", "--step", "onboarding", "--db", folder.database], in: folder).status == 0)
         #expect(try await demo.waitForExit(timeout: .seconds(30)) == 1, "\(demo.stdout)\(demo.stderr)")
         #expect(demo.stdout.contains("run 1 is diverged"), "\(demo.stdout)")
     }

@@ -59,7 +59,7 @@ import Testing
             #expect(result.status == 0, "hopctl \(arguments): \(result.stderr)")
         }
         try await at("onboarding")
-        try await hopctl(["unhop", "--flow", "startup"])
+        try await hopctl(["unhop", "--flow", "startup", "--step", "onboarding"])
         try await at("login")
         try await hopctl(["session", "login", "alice"])
         try await at("main")

@@ -96,7 +96,7 @@ import Testing
             try await flow.hop(to: "main")
         }
         let second = try await startupEngine(folder, flow: changed)
-        _ = try await second.store.unhopParked(flow: "startup", subject: "default")
+        _ = try await second.store.unhopParked(flow: "startup", subject: "default", step: "onboarding")
         try await second.resumeAll()
         let settled = try #require(try await second.settled(runID: run.id))
         #expect(settled.status == .diverged)

@@ -88,7 +88,7 @@ import Testing
         }
         // The thawed owner wrote nothing: the history is as B left it, and B still leads the run.
         #expect(try await store.history(runID: 1) == history)
-        #expect(try await run("hopctl", ["unhop", "--flow", "startup", "--db", folder.database], in: folder).status == 0)
+        #expect(try await run("hopctl", ["unhop", "--flow", "startup", "--step", "onboarding", "--db", folder.database], in: folder).status == 0)
         #expect(try await run("hopctl", ["session", "login", "alice", "--db", folder.database], in: folder).status == 0)
         #expect(try await other.waitForExit(timeout: .seconds(15)) == 0)
         #expect(other.stdout.contains("settled completed"))

@@ -11,7 +11,7 @@ import Testing
         defer { daemon.kill() }
         try await daemon.waitForOutput("parked onboarding")
         let store = try await HopStore.open(path: folder.database)
-        _ = try await store.unhopParked(flow: "startup", subject: "default", output: #"{"accepted":true}"#)
+        _ = try await store.unhopParked(flow: "startup", subject: "default", step: "onboarding", output: #"{"accepted":true}"#)
         try await daemon.waitForOutput("parked login", timeout: .seconds(1))
         try await store.storeSession(subject: "default", userID: "alice", token: "secret")
         try await daemon.waitForOutput("settled completed", timeout: .seconds(1))
@@ -26,7 +26,7 @@ import Testing
         try await first.waitForExit()
 
         let store = try await HopStore.open(path: folder.database)
-        _ = try await store.unhopParked(flow: "startup", subject: "default")
+        _ = try await store.unhopParked(flow: "startup", subject: "default", step: "onboarding")
         try await store.storeSession(subject: "default", userID: "alice", token: "secret")
 
         let second = try ChildProcess("hop-test-daemon", ["--db", folder.database, "--external"], directory: folder)
@@ -59,7 +59,7 @@ import Testing
         first.kill()
         try await first.waitForExit()
         let store = try await HopStore.open(path: folder.database)
-        _ = try await store.unhopParked(flow: "startup", subject: "default")
+        _ = try await store.unhopParked(flow: "startup", subject: "default", step: "onboarding")
 
         let second = try await run("hop-test-daemon", ["--db", folder.database, "--version", "2"], in: folder)
         #expect(second.stdout.contains("settled diverged"), "\(second.stdout)\(second.stderr)")

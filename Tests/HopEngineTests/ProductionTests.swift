@@ -96,7 +96,7 @@ import Testing
         #expect(await engine.executingCount == 0)
 
         let operator_ = try await HopStore.open(path: folder.database)
-        for subject in 0..<200 { _ = try await operator_.unhopParked(flow: "startup", subject: "user-\(subject)") }
+        for subject in 0..<200 { _ = try await operator_.unhopParked(flow: "startup", subject: "user-\(subject)", step: "onboarding") }
         try await waitUntil("every run parks at login", timeout: .seconds(10)) {
             try await operator_.runs(flow: "startup").allSatisfy { $0.currentStep == "login" && $0.status == .parked }
         }

@@ -32,11 +32,11 @@ import Testing
                 try await store.recordUnhop(runID: parked.id, token: try #require(hop.token), output: output)
             }
             await #expect(throws: HopStoreError.self) {
-                try await store.unhopParked(flow: "startup", subject: "default", output: output)
+                try await store.unhopParked(flow: "startup", subject: "default", step: "onboarding", output: output)
             }
         }
         #expect(try await store.history(runID: parked.id).map(\.kind) == [.hop])
-        let folderJSON = try await run("hopctl", ["unhop", "--flow", "startup", "--output", "{\"a\":", "--db", folder.database], in: folder)
+        let folderJSON = try await run("hopctl", ["unhop", "--flow", "startup", "--step", "onboarding", "--output", "{\"a\":", "--db", folder.database], in: folder)
         #expect(folderJSON.status == 64 && folderJSON.stderr.contains("JSON"), "\(folderJSON.stderr)")
         #expect(try await store.history(runID: parked.id).map(\.kind) == [.hop])
     }
@@ -55,7 +55,7 @@ import Testing
             #"status --subject "$(head -c 20000 /dev/zero | tr '\0' 'x')""#,
             #"history --flow "'; DROP TABLE runs; --""#,
             #"reset-first-use "$(printf 'a\001b')""#,
-            #"unhop --flow startup --output "$(printf '{\"a\":\"\377\"}')""#,
+            #"unhop --flow startup --step onboarding --output "$(printf '{\"a\":\"\377\"}')""#,
         ]
         for command in commands {
             let result = try await run("/bin/sh", ["-c", "\"\(hopctl)\" \(command) --db \"\(db)\""], in: folder)
@@ -107,7 +107,7 @@ import Testing
         for index in 4096..<bytes.count { bytes[index] = UInt8(truncatingIfNeeded: index &* 31 &+ 7) }
         try bytes.write(to: URL(fileURLWithPath: folder.database))
 
-        for arguments in [["status"], ["history", "--flow", "startup"], ["session", "show"], ["unhop", "--flow", "startup"], ["migrate"]] {
+        for arguments in [["status"], ["history", "--flow", "startup"], ["session", "show"], ["unhop", "--flow", "startup", "--step", "onboarding"], ["migrate"]] {
             let result = try await run("hopctl", arguments + ["--db", folder.database], in: folder)
             #expect(result.status == 1, "\(arguments): exit \(result.status) \(result.stdout)\(result.stderr)")
             #expect(result.stderr.contains(folder.database), "\(arguments): \(result.stderr)")

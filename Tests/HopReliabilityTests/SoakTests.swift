@@ -35,7 +35,7 @@ import Testing
             for worker in 0..<Self.workers {
                 group.addTask {
                     let mine = stride(from: worker, to: subjects, by: Self.workers).map { "user-\($0)" }
-                    var plan = mine.map { ["unhop", "--flow", "startup", "--subject", $0] }
+                    var plan = mine.map { ["unhop", "--flow", "startup", "--step", "onboarding", "--subject", $0] }
                     for _ in 0..<cycles {
                         for round in Self.rounds {
                             plan += mine.map { round + ["--subject", $0] + (round == ["status"] || round == ["history"] ? ["--flow", "startup"] : []) }

@@ -100,10 +100,30 @@ import Testing
         let store = try await HopStore.open(path: folder.database)
         let (run, _) = try await store.startRun(flow: "startup", subject: "default", version: "1")
         try await store.recordHop(runID: run.id, step: "splash")
-        let busy = await #expect(throws: HopStoreError.self) { try await store.unhopParked(flow: "startup", subject: "default") }
+        let busy = await #expect(throws: HopStoreError.self) { try await store.unhopParked(flow: "startup", subject: "default", step: "splash") }
         #expect(busy?.description.contains("executing in the daemon") == true)
-        let missing = await #expect(throws: HopStoreError.self) { try await store.unhopParked(flow: "startup", subject: "nobody") }
+        let missing = await #expect(throws: HopStoreError.self) { try await store.unhopParked(flow: "startup", subject: "nobody", step: "splash") }
         #expect(missing?.kind == .notFound)
+    }
+
+    @Test func aRetriedUnhopNeverFinishesTheNextStepAndALoginStepWaitsForASession() async throws {
+        let folder = try TemporaryDirectory()
+        let store = try await HopStore.open(path: folder.database)
+        let (run, _) = try await store.startRun(flow: "startup", subject: "default", version: "1")
+        try await store.recordHop(runID: run.id, step: "onboarding", parks: true)
+        _ = try await store.unhopParked(flow: "startup", subject: "default", step: "onboarding")
+        // The retry of the same command: the run has moved on and is parked on login now.
+        try await store.recordHop(runID: run.id, step: "login", parks: true, wakeOn: .sessionStored)
+        let before = try await store.history(runID: run.id)
+        let retried = await #expect(throws: HopStoreError.self) {
+            try await store.unhopParked(flow: "startup", subject: "default", step: "onboarding")
+        }
+        #expect(retried?.kind == .refused)
+        #expect(retried?.description.contains("is not parked on 'onboarding': it is parked on 'login'") == true, "\(retried!)")
+        let login = await #expect(throws: HopStoreError.self) { try await store.unhopParked(flow: "startup", subject: "default", step: "login") }
+        #expect(login?.description.contains("hopctl session login") == true, "\(login!)")
+        #expect(try await store.history(runID: run.id) == before, "a refusal changes nothing")
+        #expect(try await store.run(id: run.id)?.currentStep == "login")
     }
 
     @Test func hopGraphCountsTheObservedEdges() async throws {

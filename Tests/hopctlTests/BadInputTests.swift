@@ -8,7 +8,7 @@ import Testing
         let folder = try TemporaryDirectory()
         try await completedStartup(folder)
         let cases: [[String]] = [
-            ["unhop", "--flow", "startup", "--output", "{not json"],
+            ["unhop", "--flow", "startup", "--step", "onboarding", "--output", "{not json"],
             ["status", "--flow", String(repeating: "f", count: 10_000)],
             ["history", "--flow", "start\u{1B}up"],
             ["session", "login", "alice", "--expires-in", "soon"],
@@ -37,7 +37,7 @@ import Testing
 
     @Test func aReadCommandOnAMissingDatabaseCreatesNothing() async throws {
         let folder = try TemporaryDirectory()
-        for arguments in [["status"], ["history", "--flow", "startup"], ["session", "show"], ["first-use", "list"], ["unhop", "--flow", "startup"]] {
+        for arguments in [["status"], ["history", "--flow", "startup"], ["session", "show"], ["first-use", "list"], ["unhop", "--flow", "startup", "--step", "onboarding"]] {
             let result = try await hopctl(arguments, in: folder)
             #expect(result.status == 1)
             #expect(result.stderr.contains("no database exists"), "\(result.stderr)")

@@ -10,15 +10,23 @@ import Testing
         defer { daemon.kill() }
         try await daemon.waitForOutput("parked onboarding")
 
-        let unhop = try await hopctl(["unhop", "--flow", "startup", "--output", #"{"accepted": true}"#], in: folder)
+        let unhop = try await hopctl(["unhop", "--flow", "startup", "--step", "onboarding", "--output", #"{"accepted": true}"#], in: folder)
         #expect(unhop.status == 0, "\(unhop.stderr)")
         #expect(unhop.stdout.contains("unhopped onboarding"))
         try await daemon.waitForOutput("parked login", timeout: .seconds(1))
 
-        let again = try await hopctl(["unhop", "--flow", "startup"], in: folder)
-        #expect(again.status == 0, "login is parked now, so a second unhop finishes login")
-        try await daemon.waitForOutput("settled completed", timeout: .seconds(1))
-        let nothing = try await hopctl(["unhop", "--flow", "startup"], in: folder)
+        // The same command again (a retry, a double click): it must not finish login.
+        let again = try await hopctl(["unhop", "--flow", "startup", "--step", "onboarding"], in: folder)
+        #expect(again.status == 1, "a retried unhop finished the step after it")
+        #expect(again.stderr.contains("run 1 is not parked on 'onboarding': it is parked on 'login'"), "\(again.stderr)")
+        let login = try await hopctl(["unhop", "--flow", "startup", "--step", "login"], in: folder)
+        #expect(login.status == 1 && login.stderr.contains("hopctl session login"), "\(login.stderr)")
+        let store = try await HopStore.open(path: folder.database)
+        #expect(try await store.run(id: 1)?.currentStep == "login")
+        #expect(try await store.session(subject: "default") == nil)
+        #expect(try await hopctl(["session", "login", "alice"], in: folder).status == 0)
+        try await daemon.waitForOutput("settled completed", timeout: .seconds(5))
+        let nothing = try await hopctl(["unhop", "--flow", "startup", "--step", "main"], in: folder)
         #expect(nothing.status == 1)
         #expect(nothing.stderr.contains("no unfinished run of flow 'startup' for subject 'default'"))
         #expect(nothing.stderr.contains(folder.database))
@@ -29,7 +37,7 @@ import Testing
         let daemon = try ChildProcess("hop-test-daemon", ["--db", folder.database, "--external"], directory: folder)
         defer { daemon.kill() }
         try await daemon.waitForOutput("parked onboarding")
-        #expect(try await hopctl(["unhop", "--flow", "startup"], in: folder).status == 0)
+        #expect(try await hopctl(["unhop", "--flow", "startup", "--step", "onboarding"], in: folder).status == 0)
         try await daemon.waitForOutput("parked login")
 
         let login = try await hopctl(["session", "login", "alice", "--token-stdin", "--expires-in", "12h"], in: folder, stdin: "very-secret-token\n")
@@ -62,7 +70,7 @@ import Testing
         #expect(cancel.status == 0 && cancel.stdout.contains("cancelled run 1"))
         let status = try #require(try await hopctlJSON(["status"], in: folder) as? [[String: Any]])
         #expect(status.first?["status"] as? String == "cancelled")
-        #expect(try await hopctl(["unhop", "--flow", "startup"], in: folder).status == 1)
+        #expect(try await hopctl(["unhop", "--flow", "startup", "--step", "onboarding"], in: folder).status == 1)
 
         let restart = try await hopctl(["restart", "--flow", "startup"], in: folder)
         #expect(restart.status == 0 && restart.stdout.contains("run 2"))

@@ -239,22 +239,36 @@ extension HopStore {
         }
     }
 
-    /// Finishes the step that the unfinished run of `flow` for `subject` is parked on (as
-    /// `hopctl unhop` does), exactly once.
-    /// - Throws: `.notFound` without an unfinished run; `.refused` when no step is parked.
-    public func unhopParked(flow: String, subject: String, output: String? = nil) async throws -> (run: RunRecord, unhop: HistoryEvent) {
+    /// Finishes `step`, on which the unfinished run of `flow` for `subject` is parked (as
+    /// `hopctl unhop` does), exactly once. Addressed by step, so a retried command never
+    /// finishes the step after it.
+    /// - Throws: `.notFound` without an unfinished run; `.refused`, changing nothing, when the run
+    ///   is not parked on `step`, or when `step` is finished by a stored session (a login step).
+    public func unhopParked(flow: String, subject: String, step: String, output: String? = nil) async throws -> (run: RunRecord, unhop: HistoryEvent) {
         try validate(flow, as: "flow name")
         try validate(subject, as: "subject")
-        let operation = "unhop \(flow) for \(subject)"
+        try validate(step, as: "step name")
+        let operation = "unhop \(step) of \(flow) for \(subject)"
         if let output { try JSONText.validate(output, as: "step output", path: path) }
         return try await transaction(operation) { [self] in
             guard let run = try unfinishedRunLocked(flow: flow, subject: subject, operation: operation) else {
                 throw noUnfinishedRun(flow: flow, subject: subject, operation: operation)
             }
-            guard run.status == .parked, let token = run.currentToken else {
-                let reason = run.currentStep.map { "step '\($0)' of run \(run.id) is executing in the daemon and unhops itself" }
-                    ?? "run \(run.id) has no step in flight"
-                throw refuse(.refused, operation, reason, hint: "Check `hopctl status --flow \(flow) --subject \(subject)`")
+            guard run.status == .parked, run.currentStep == step, let token = run.currentToken else {
+                let now: String
+                switch (run.status, run.currentStep) {
+                case (.parked, let parked?): now = "it is parked on '\(parked)'"
+                case (_, let inFlight?): now = "its step '\(inFlight)' is executing in the daemon and unhops itself"
+                case (_, nil): now = "it has no step in flight"
+                }
+                throw refuse(
+                    .refused, operation, "run \(run.id) is not parked on '\(step)': \(now); nothing was changed",
+                    hint: "Check `hopctl status --flow \(flow) --subject \(subject)`")
+            }
+            if run.wakeOn == .sessionStored {
+                throw refuse(
+                    .refused, operation, "step '\(step)' of run \(run.id) finishes when a session is stored, not by hand; nothing was changed",
+                    hint: "Log the user in: `hopctl session login USER --subject \(subject)`")
             }
             let event = try endStepLocked(run, token: token, kind: .unhop, value: output, operation: operation)
             return (try requireRun(run.id, operation: operation), event)

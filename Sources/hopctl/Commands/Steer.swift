@@ -15,15 +15,24 @@ struct RunSelection: ParsableArguments {
 
 struct Unhop: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "Finish the step the run is parked on, exactly once; a running daemon proceeds at once.")
+        abstract: "Finish the step the run is parked on, exactly once; a running daemon proceeds at once.",
+        discussion: """
+            The step is named, so a retried command never finishes the step after it: when the run is \
+            not parked on --step, nothing changes and the command fails, saying where the run is. A step \
+            that finishes when a session is stored (a login step) is finished by `hopctl session login`.
+            """)
 
     @OptionGroup var global: GlobalOptions
     @OptionGroup var selection: RunSelection
+
+    @Option(help: ArgumentHelp("The step the run is parked on (see `hopctl status`).", valueName: "step"))
+    var step: String
 
     @Option(help: ArgumentHelp("The step's output, as JSON (e.g. '{\"accepted\": true}').", valueName: "json"))
     var output: String?
 
     func validate() throws {
+        try checkIdentifier(step, as: "step name")
         if let output {
             do {
                 try JSONText.validate(output, as: "--output value")
@@ -35,7 +44,7 @@ struct Unhop: AsyncParsableCommand {
 
     func run() async throws {
         let store = try await global.openForWriting()
-        let (run, unhop) = try await store.unhopParked(flow: selection.flow, subject: selection.subject, output: output)
+        let (run, unhop) = try await store.unhopParked(flow: selection.flow, subject: selection.subject, step: step, output: output)
         Output.line("unhopped \(Output.printable(unhop.step ?? "?")) of run \(run.id) (\(Output.printable(run.flow)) for \(Output.printable(run.subject))); the daemon moves the run on")
     }
 }
