@@ -7,7 +7,8 @@ extension HopEngine: Service {
     /// Runs the engine until the task is cancelled or a graceful shutdown begins.
     ///
     /// It resumes the unfinished runs it finds, reports ``EngineEvent/ready``, then watches:
-    /// every ``Configuration/pollInterval`` it ends steps whose deadline passed and, when
+    /// every ``Configuration/pollInterval`` it ends steps whose deadline passed, removes sessions
+    /// whose expiry came (re-routing steps that lasted while a session was stored) and, when
     /// another process changed the database (`PRAGMA data_version`), executes the runs that
     /// change woke (an unhop, a login, a re-route, a restart) and stops the runs it cancelled.
     /// It renews the leases of the runs it executes three times per ``Configuration/leaseDuration``,
@@ -18,6 +19,7 @@ extension HopEngine: Service {
     /// On shutdown, the steps in flight are cancelled, their leases released, and their runs
     /// stay resumable.
     public func run() async throws {
+        try await expireSessions()  // sessions that expired while no daemon ran end their steps now
         try await resumeAll()
         notify(.ready)
         logger.info("engine running", metadata: ["hop.db": "\(store.path)", "hop.engine": "\(id)", "hop.flows": "\(flowNames.joined(separator: ","))"])
@@ -36,6 +38,7 @@ extension HopEngine: Service {
             do {
                 try await Task.sleep(for: configuration.pollInterval)
                 try await timeOutDueSteps()
+                try await expireSessions()
                 let version = try await store.dataVersion()
                 let renew = ContinuousClock.now - lastRenewal >= renewEvery
                 if renew {
@@ -69,6 +72,17 @@ extension HopEngine: Service {
                 continue  // unhopped, or timed out by another engine, in the meantime
             }
             if let updated = try await store.run(id: run.id) { execute(updated) }
+        }
+    }
+
+    /// Removes the sessions whose expiry has come and moves on the runs whose step lasted only
+    /// while a session was stored (re-routed, as by a logout).
+    private func expireSessions() async throws {
+        for runID in try await store.expireSessions() {
+            if let run = try await store.run(id: runID) {
+                logger.info("session expired; its step is re-routed", metadata: metadata(run, step: run.currentStep))
+                execute(run)
+            }
         }
     }
 

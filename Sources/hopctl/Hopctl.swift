@@ -26,8 +26,18 @@ struct Hopctl: AsyncParsableCommand {
             } else {
                 try command.run()
             }
+        } catch let error as UsageError {
+            // Found while running (standard input, say): the message alone, not the whole usage.
+            FileHandle.standardError.write(Data("Error: \(error.message)\n".utf8))
+            Foundation.exit(ExitCode.validationFailure.rawValue)
         } catch {
             exit(withError: error)
         }
     }
+}
+
+/// A usage error found once the command runs (exit 64), e.g. in what standard input held.
+struct UsageError: Error {
+    var message: String
+    init(_ message: String) { self.message = message }
 }

@@ -30,7 +30,10 @@ import Testing
         #expect(!session.description.contains("s3cret-token-value"))
         #expect(!"\(session)".contains("s3cret-token-value"))
 
-        try await store.storeSession(subject: "default", userID: "bob", token: "t", expiresAt: Date().addingTimeInterval(-1))
+        let soon = Date().addingTimeInterval(0.3)
+        try await store.storeSession(subject: "default", userID: "bob", token: "t", expiresAt: soon)
+        #expect(try await store.session(subject: "default")?.userID == "bob")
+        try await waitUntil("the session's expiry has come", timeout: .seconds(5)) { Date() > soon }
         #expect(try await store.session(subject: "default") == nil)
         try await store.storeSession(subject: "default", userID: "bob", token: "t", expiresAt: Date().addingTimeInterval(3600))
         #expect(try await store.session(subject: "default")?.userID == "bob")

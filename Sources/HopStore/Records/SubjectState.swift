@@ -29,6 +29,9 @@ public struct StoredSession: Sendable, Equatable, Codable, CustomStringConvertib
     /// The session with its token redacted.
     public var debugDescription: String { description }
 
+    /// The longest token a session may hold, in bytes of UTF-8.
+    public static let maximumTokenBytes = 4096
+
     /// `token` shortened to a recognisable, non-secret form: its first 4 characters, then asterisks.
     public static func redact(_ token: String) -> String {
         token.count <= 8 ? "********" : String(token.prefix(4)) + "…" + "********"

@@ -67,8 +67,13 @@ extension HopStore {
     public func storeSession(subject: String, userID: String, token: String, expiresAt: Date? = nil) async throws -> [Int64] {
         try validate(subject, as: "subject")
         try validate(userID, as: "user id")
-        guard !token.isEmpty, token.utf8.count <= 4096 else {
-            throw refuse(.invalidInput, "store session", "the session token must be 1 to 4096 bytes")
+        guard !token.isEmpty, token.utf8.count <= StoredSession.maximumTokenBytes else {
+            throw refuse(.invalidInput, "store session", "the session token must be 1 to \(StoredSession.maximumTokenBytes) bytes")
+        }
+        if let expiresAt, expiresAt <= Date() {
+            throw refuse(
+                .invalidInput, "store session", "the session would have expired already (\(expiresAt)); nothing was changed",
+                hint: "Give an expiry in the future, or none")
         }
         let operation = "store session of \(subject)"
         let output = String(decoding: try JSONEncoder().encode(["userID": userID]), as: UTF8.self)
@@ -119,15 +124,43 @@ extension HopStore {
         let operation = "delete session of \(subject)"
         return try await transaction(operation) { [self] in
             let removed = try connection.run("DELETE FROM sessions WHERE subject = ?1", [.text(subject)], operation: operation) > 0
-            let waiting = try connection.query(
-                "SELECT \(RunRecord.columns) FROM runs WHERE subject = ?1 AND status = 'parked' AND wake_on = ?2",
-                [.text(subject), .text(WakeCondition.sessionRemoved.rawValue)], operation: operation, RunRecord.init(row:))
-            for run in waiting {
-                guard let token = run.currentToken else { continue }
-                try endStepLocked(run, token: token, kind: .reroute, value: #"{"reason":"session-removed"}"#, operation: operation)
-            }
-            return (removed, waiting.map(\.id))
+            let rerouted = try rerouteSessionStepsLocked(subject: subject, reason: "session-removed", operation: operation)
+            return (removed, rerouted)
         }
+    }
+
+    /// Removes every session whose expiry has come, as a logout does: in the same transaction, the
+    /// parked steps of their subjects that last only while a session is stored end with a
+    /// re-route. A daemon that was down at the expiry does this when it starts.
+    ///
+    /// - Returns: the ids of the runs it re-routed.
+    @discardableResult
+    public func expireSessions(now: Date = Date()) async throws -> [Int64] {
+        let due = Clock.milliseconds(now)
+        let query = "SELECT subject FROM sessions WHERE expires_at <= ?1"
+        guard try !connection.query(query, [.integer(due)], operation: "read expired sessions", { $0.text(0) }).isEmpty else { return [] }
+        let operation = "expire sessions"
+        return try await transaction(operation) { [self] in
+            var rerouted: [Int64] = []
+            for subject in try connection.query(query, [.integer(due)], operation: operation, { $0.text(0) }) {
+                try connection.run("DELETE FROM sessions WHERE subject = ?1", [.text(subject)], operation: operation)
+                rerouted += try rerouteSessionStepsLocked(subject: subject, reason: "session-expired", operation: operation)
+            }
+            return rerouted
+        }
+    }
+
+    /// Ends with a re-route the parked steps of `subject` that last only while a session is stored.
+    private func rerouteSessionStepsLocked(subject: String, reason: String, operation: String) throws -> [Int64] {
+        let waiting = try connection.query(
+            "SELECT \(RunRecord.columns) FROM runs WHERE subject = ?1 AND status = 'parked' AND wake_on = ?2",
+            [.text(subject), .text(WakeCondition.sessionRemoved.rawValue)], operation: operation, RunRecord.init(row:))
+        let value = String(decoding: try JSONEncoder().encode(["reason": reason]), as: UTF8.self)
+        for run in waiting {
+            guard let token = run.currentToken else { continue }
+            try endStepLocked(run, token: token, kind: .reroute, value: value, operation: operation)
+        }
+        return waiting.map(\.id)
     }
 
     // MARK: Facts

@@ -17,26 +17,39 @@ struct SessionCommand: AsyncParsableCommand {
         @Argument(help: ArgumentHelp("The user id.", valueName: "user"))
         var user: String
 
-        @Option(help: ArgumentHelp("How long the session lasts: 90s, 30m, 12h, 7d.", valueName: "duration"))
+        @Option(
+            parsing: .unconditional,
+            help: ArgumentHelp("How long the session lasts, at least 1s: 90s, 30m, 12h, 7d (default: it never expires).", valueName: "duration"))
         var expiresIn: String?
 
         @Flag(help: "Read the session token from standard input (its trailing newline is dropped).")
         var tokenStdin = false
 
+        /// Anything after the user id: a token typed as an argument, which is refused without being echoed.
+        @Argument(parsing: .allUnrecognized, help: ArgumentHelp(visibility: .private))
+        var extra: [String] = []
+
         func validate() throws {
             try checkIdentifier(user, as: "user id")
-            if let expiresIn, DurationText.seconds(expiresIn) == nil {
-                throw ValidationError("--expires-in '\(expiresIn)' is not a duration: write a positive number followed by s, m, h or d (e.g. 12h), at most 100 years")
+            guard extra.isEmpty else {
+                // Never repeat what was given: it may be the token.
+                throw ValidationError(
+                    "session login takes one argument, the user id; a token is never taken as an argument (it would stay in shell history and `ps`): pipe it to --token-stdin")
+            }
+            if let expiresIn {
+                guard let seconds = DurationText.seconds(expiresIn) else {
+                    throw ValidationError("--expires-in is not a duration: write a number followed by s, m, h or d (e.g. 12h)")
+                }
+                guard seconds >= 1, seconds <= DurationText.maximum else {
+                    throw ValidationError("--expires-in is out of range: a session lasts from 1s to 100 years (e.g. 12h)")
+                }
             }
         }
 
         func run() async throws {
             let token: String
             if tokenStdin {
-                var text = String(decoding: FileHandle.standardInput.readDataToEndOfFile(), as: UTF8.self)
-                while text.hasSuffix("\n") || text.hasSuffix("\r") { text.removeLast() }
-                guard !text.isEmpty else { throw ValidationError("--token-stdin read no token from standard input") }
-                token = text
+                token = try Self.readToken()
             } else {
                 token = Token.random(byteCount: 32)
             }
@@ -45,9 +58,26 @@ struct SessionCommand: AsyncParsableCommand {
             let subject = subjectOption.subject
             let woken = try await store.storeSession(subject: subject, userID: user, token: token, expiresAt: expiresAt)
             var text = "stored session of \(Output.printable(user)) for \(Output.printable(subject)) (token \(StoredSession.redact(token)))"
-            if let expiresAt { text += ", expires \(Output.relative(expiresAt))" }
+            text += expiresAt.map { ", expires \(Output.relative($0))" } ?? ", never expires"
             Output.line(text)
             for run in woken { Output.line("run \(run) was waiting for a login: it moves on") }
+        }
+
+        /// The token on standard input: UTF-8 exactly as given (never repaired), without its
+        /// trailing newline, 1 to 4096 bytes. Its content never appears in an error.
+        static func readToken() throws -> String {
+            var bytes = [UInt8](FileHandle.standardInput.readDataToEndOfFile())
+            while let last = bytes.last, last == 0x0A || last == 0x0D { bytes.removeLast() }
+            guard !bytes.isEmpty else {
+                throw UsageError("--token-stdin read no token from standard input: pipe the token in, e.g. `printf %s \"$TOKEN\" | hopctl session login USER --token-stdin`")
+            }
+            guard bytes.count <= StoredSession.maximumTokenBytes else {
+                throw UsageError("the token on standard input is \(bytes.count) bytes; a session token is at most \(StoredSession.maximumTokenBytes) bytes")
+            }
+            guard let token = String(validating: bytes, as: UTF8.self), !token.unicodeScalars.contains(where: { $0.value < 0x20 || $0.value == 0x7F }) else {
+                throw UsageError("the token on standard input is not valid UTF-8 text (or holds control characters); it was not stored")
+            }
+            return token
         }
     }
 
@@ -111,8 +141,10 @@ enum DurationText {
             number = number.dropLast()
             unit = scale
         }
-        // At most 100 years: beyond that, a duration is a typo, not an expiry.
-        guard let value = Double(number), value > 0, value * unit <= 100 * 365 * 86_400 else { return nil }
+        guard let value = Double(number), value.isFinite else { return nil }
         return value * unit
     }
+
+    /// At most 100 years: beyond that, a duration is a typo, not an expiry.
+    static let maximum: TimeInterval = 100 * 365 * 86_400
 }
