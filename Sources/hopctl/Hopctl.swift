@@ -20,6 +20,7 @@ struct Hopctl: AsyncParsableCommand {
     /// Parses the command line (accepting `--db` and `--busy-timeout` before the command too) and runs it.
     static func main() async {
         do {
+            try checkArgumentsAreUTF8()
             var command = try parseAsRoot(GlobalOptions.hoisted(Array(CommandLine.arguments.dropFirst())))
             if var asynchronous = command as? AsyncParsableCommand {
                 try await asynchronous.run()
@@ -32,6 +33,19 @@ struct Hopctl: AsyncParsableCommand {
             Foundation.exit(ExitCode.validationFailure.rawValue)
         } catch {
             exit(withError: error)
+        }
+    }
+}
+
+/// Refuses an argument that is not valid UTF-8. Swift would repair it into U+FFFD, so that two
+/// different byte strings became the same name (and one subject saw another's session); the
+/// argument itself is not repeated, as it may be a secret.
+func checkArgumentsAreUTF8() throws {
+    for index in 1..<Int(CommandLine.argc) {
+        guard let argument = CommandLine.unsafeArgv[index] else { continue }
+        let bytes = UnsafeBufferPointer(start: UnsafeRawPointer(argument).assumingMemoryBound(to: UInt8.self), count: strlen(argument))
+        if String(validating: bytes, as: UTF8.self) == nil {
+            throw UsageError("argument \(index) is not valid UTF-8; names, subjects, keys, paths and tokens must be UTF-8 text (nothing was changed)")
         }
     }
 }

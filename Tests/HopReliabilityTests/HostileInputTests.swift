@@ -11,13 +11,16 @@ import Testing
     @Test func namesThatLookLikeSQLOrScriptsAreStoredVerbatim() async throws {
         let folder = try TemporaryDirectory()
         let store = try await HopStore.open(path: folder.database)
-        let names = ["'", "\"", "'; DROP TABLE runs; --", "Robert'); DELETE FROM history;--", "%_*?", "\u{202E}evil", "名前", "👩‍💻", "\\x00"]
+        let names = ["'", "\"", "'; DROP TABLE runs; --", "Robert'); DELETE FROM history;--", "%_*?", "名前", "👩‍💻", "\\x00"]
         for name in names {
             let run = try await store.startRun(flow: name, subject: name, version: name).run
             try await store.recordDecision(runID: run.id, name: name, value: #"{"v":1}"#)
             #expect(try await store.latestRun(flow: name, subject: name)?.id == run.id, "\(name)")
             #expect(try await store.history(runID: run.id).first?.step == name)
         }
+        #expect(try await store.runs().count == names.count)
+        // A name that could pose as another in a table is refused, not stored.
+        await #expect(throws: HopStoreError.self) { try await store.startRun(flow: "\u{202E}evil", subject: "s", version: "1") }
         #expect(try await store.runs().count == names.count)
         #expect(try await store.integrityCheck() == ["ok"])
     }
@@ -124,8 +127,14 @@ import Testing
     @Test func extremeDatesAndDurationsNeitherTrapNorCorrupt() async throws {
         let folder = try TemporaryDirectory()
         let store = try await HopStore.open(path: folder.database)
-        for expiry in [Date(timeIntervalSince1970: 1e300), Date(timeIntervalSince1970: -1e300), .distantFuture, .distantPast] {
+        for expiry in [Date(timeIntervalSince1970: 1e300), .distantFuture] {
             _ = try await store.storeSession(subject: "s", userID: "alice", token: "t", expiresAt: expiry)
+        }
+        for expiry in [Date(timeIntervalSince1970: -1e300), .distantPast] {
+            let refused = await #expect(throws: HopStoreError.self) {
+                try await store.storeSession(subject: "s", userID: "alice", token: "t", expiresAt: expiry)
+            }
+            #expect(refused?.kind == .invalidInput)
         }
         let engine = HopEngine(store: store, logger: Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() }))
         engine.register(

@@ -85,3 +85,38 @@ import Testing
         #expect(try await store.session(subject: "default") != nil, "the refused logout changed nothing")
     }
 }
+
+/// Names, subjects and tokens that could collide with, or pose as, another are refused, never repaired.
+@Suite struct IdentifierCollisionTests {
+    @Test func invalidUTF8ArgumentsAreRefusedNotRepairedIntoOneSubject() async throws {
+        let folder = try TemporaryDirectory()
+        #expect(try await hopctl(["migrate"], in: folder).status == 0)
+        let hopctl = builtProduct("hopctl")
+        // Through a shell, so that the arguments are raw bytes: ff fe and c0 af would both become U+FFFD U+FFFD.
+        for bytes in [#"\377\376"#, #"\300\257"#] {
+            let login = try await run(
+                "/bin/sh", ["-c", #""\#(hopctl)" session login bob --subject "$(printf '\#(bytes)')" --db "\#(folder.database)""#], in: folder)
+            #expect(login.status == 64 && login.stderr.contains("not valid UTF-8"), "\(login.stderr)")
+            let show = try await run(
+                "/bin/sh", ["-c", #""\#(hopctl)" session show --subject "$(printf '\#(bytes)')" --db "\#(folder.database)""#], in: folder)
+            #expect(show.status == 64, "\(show.stdout)")
+        }
+        let store = try await HopStore.open(path: folder.database)
+        #expect(try await store.session(subject: "\u{FFFD}\u{FFFD}") == nil, "a repaired subject was stored")
+    }
+
+    @Test func invisibleFormatAndControlCharactersAreRefusedInNamesButAnyScriptIsAllowed() async throws {
+        let folder = try TemporaryDirectory()
+        #expect(try await hopctl(["migrate"], in: folder).status == 0)
+        for subject in ["ali\u{202E}ecb", "bob\u{200B}", "a\u{2028}b", "x\u{7}y", "\u{FEFF}bob"] {
+            let result = try await hopctl(["session", "login", "bob", "--subject", subject], in: folder)
+            #expect(result.status == 64, "subject \(subject.unicodeScalars.map { String($0.value, radix: 16) }): \(result.stdout)")
+            #expect(result.stderr.contains("U+"), "\(result.stderr)")
+        }
+        for subject in ["Zoë", "東京-kiosk 7", "דני", "café ✓ #1"] {
+            let result = try await hopctl(["session", "login", "bob", "--subject", subject], in: folder)
+            #expect(result.status == 0, "subject \(subject): \(result.stderr)")
+        }
+        #expect(throws: HopStoreError.self) { try Identifier.validate("evil\u{202E}", as: "subject") }
+    }
+}

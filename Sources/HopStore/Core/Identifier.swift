@@ -1,9 +1,14 @@
+import Foundation
+
 /// The rules for names Hop stores: flows, subjects, steps, features, fact keys, user ids.
 public enum Identifier {
     /// The longest identifier accepted, in UTF-8 bytes.
     public static let maximumLength = 256
 
-    /// Checks that `value` is 1…256 UTF-8 bytes with no control characters.
+    /// Checks that `value` is 1…256 UTF-8 bytes of visible text: letters, digits, punctuation,
+    /// symbols and spaces of any script, but no control or format characters (U+202E right-to-left
+    /// override, U+200B zero-width space…) nor line or paragraph separators, which would let one
+    /// name pose as another in a table.
     /// - Throws: ``HopStoreError`` of kind `.invalidInput`, naming `what` and the rule.
     public static func validate(_ value: String, as what: String, path: String = "") throws {
         let bytes = value.utf8.count
@@ -12,8 +17,9 @@ public enum Identifier {
             problem = "it is empty"
         } else if bytes > maximumLength {
             problem = "it is \(bytes) bytes long; the limit is \(maximumLength)"
-        } else if value.unicodeScalars.contains(where: { $0.properties.generalCategory == .control }) {
-            problem = "it contains a control character"
+        } else if let scalar = Self.firstInvisible(in: value) {
+            let code = String(format: "U+%04X", scalar.value)
+            problem = "it contains \(code), \(scalar.properties.generalCategory == .control ? "a control" : "an invisible formatting") character"
         }
         if let problem {
             throw HopStoreError(
@@ -22,4 +28,19 @@ public enum Identifier {
                 hint: "Use 1 to \(maximumLength) bytes of printable text")
         }
     }
+
+    /// The first scalar of `value` an identifier may not hold. The zero-width joiner and non-joiner
+    /// are part of some scripts (Persian, Indic) and of emoji sequences: allowed inside a name.
+    private static func firstInvisible(in value: String) -> Unicode.Scalar? {
+        let scalars = Array(value.unicodeScalars)
+        for (index, scalar) in scalars.enumerated() where invisible.contains(scalar.properties.generalCategory) {
+            let joiner = scalar.value == 0x200C || scalar.value == 0x200D
+            if joiner, index > 0, index < scalars.count - 1 { continue }
+            return scalar
+        }
+        return nil
+    }
+
+    /// The general categories an identifier may not hold.
+    private static let invisible: Set<Unicode.GeneralCategory> = [.control, .format, .lineSeparator, .paragraphSeparator]
 }

@@ -72,7 +72,7 @@ extension HopStore {
         }
         if let expiresAt, expiresAt <= Date() {
             throw refuse(
-                .invalidInput, "store session", "the session would have expired already (\(expiresAt)); nothing was changed",
+                .invalidInput, "store session", "the session's expiry has passed already; nothing was changed",
                 hint: "Give an expiry in the future, or none")
         }
         let operation = "store session of \(subject)"
