@@ -78,4 +78,17 @@ import Testing
         }
         #expect(faultsSeen > 20, "only \(faultsSeen) calls were faulted")
     }
+
+    @Test func creatingADatabaseOnAFullDiskLeavesNoFileBehind() async throws {
+        let folder = try TemporaryDirectory()
+        hop_fault_vfs_fail_at(1, SQLITE_FULL)
+        defer { hop_fault_vfs_fail_at(0, 0) }
+        let error = await #expect(throws: HopStoreError.self) { try await HopStore.open(path: folder.database, options: faultOptions()) }
+        #expect(hop_fault_vfs_faults() == 1)
+        #expect(error?.kind == .ioFailure && error?.description.contains("disk is full") == true, "\(String(describing: error))")
+        #expect(error?.description.contains("The empty file it had created was removed") == true, "\(String(describing: error))")
+        for suffix in ["", "-wal", "-shm", "-journal"] {
+            #expect(!FileManager.default.fileExists(atPath: folder.database + suffix), "\(suffix) was left behind")
+        }
+    }
 }

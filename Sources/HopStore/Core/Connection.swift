@@ -11,21 +11,23 @@ final class Connection {
     private var cache: [String: Statement] = [:]
     private(set) var isInTransaction = false
 
+    /// Whether this connection created the database file (it was missing).
+    let createdFile: Bool
+
     /// Opens the database at `path`, creating it (mode 0600, folder included) when `create` is set.
+    /// Only a regular file is adopted, never through a symbolic link (see `DatabaseFile`).
     init(path: String, create: Bool, durability: HopStore.Durability, busyTimeout: Duration, vfs: String? = nil) throws {
         self.path = path
-        if create {
-            try Self.createFileIfMissing(path)
-        } else {
-            try Self.requireExistingFile(path)
-        }
+        createdFile = try DatabaseFile.adopt(path, create: create)
         var opened: OpaquePointer?
-        let flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_EXRESCODE
+        let flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_EXRESCODE | SQLITE_OPEN_NOFOLLOW
         let code = sqlite3_open_v2(path, &opened, flags, vfs)
         guard code == SQLITE_OK, let opened else {
             let message = opened.map { String(cString: sqlite3_errmsg($0)) } ?? "out of memory"
             sqlite3_close_v2(opened)
-            throw Self.error(code: code, message: message, operation: "open", path: path)
+            let error = Self.error(code: code, message: message, operation: "open", path: path)
+            if createdFile && DatabaseFile.removeIfEmpty(path) { throw DatabaseFile.sayingRemoved(error) }
+            throw error
         }
         handle = opened
         sqlite3_extended_result_codes(handle, 1)
@@ -40,11 +42,19 @@ final class Connection {
         } catch {
             cache.removeAll()
             sqlite3_close_v2(handle)
+            if createdFile && DatabaseFile.removeIfEmpty(path) { throw DatabaseFile.sayingRemoved(error) }
             throw error
         }
     }
 
-    deinit {
+    private var isClosed = false
+
+    deinit { close() }
+
+    /// Finalizes the cached statements and closes the connection (once; `deinit` does it otherwise).
+    func close() {
+        guard !isClosed else { return }
+        isClosed = true
         cache.removeAll()
         sqlite3_close_v2(handle)
     }
@@ -207,52 +217,5 @@ final class Connection {
             hint = nil
         }
         return HopStoreError(kind, operation: operation, path: path, reason: reason, hint: hint, resultCode: code, sqliteMessage: message)
-    }
-
-    // MARK: Files
-
-    private static func requireExistingFile(_ path: String) throws {
-        var isDirectory: ObjCBool = false
-        guard FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory) else {
-            throw HopStoreError(
-                .missing, operation: "open", path: path, reason: "no database exists at this path",
-                hint: "Check --db or $HOP_DB, or create it with `hopctl migrate`")
-        }
-        if isDirectory.boolValue {
-            throw HopStoreError(
-                .cannotOpen, operation: "open", path: path, reason: "the path is a folder, not a database file",
-                hint: "Name a file, e.g. \(path)/hop.sqlite")
-        }
-    }
-
-    /// Creates the file with mode 0600 whatever the umask (SQLite gives its -wal and -shm files the same mode).
-    private static func createFileIfMissing(_ path: String) throws {
-        var isDirectory: ObjCBool = false
-        if FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory) {
-            if isDirectory.boolValue { try requireExistingFile(path) }
-            return
-        }
-        let folder = (path as NSString).deletingLastPathComponent
-        if !folder.isEmpty {
-            do {
-                try FileManager.default.createDirectory(
-                    atPath: folder, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
-            } catch {
-                throw HopStoreError(
-                    .cannotOpen, operation: "create database", path: path,
-                    reason: "its folder \(folder) cannot be created (\(error.localizedDescription))",
-                    hint: "Create the folder, or choose a writable path with --db or $HOP_DB")
-            }
-        }
-        let descriptor = open(path, O_CREAT | O_RDWR | O_CLOEXEC, 0o600)
-        guard descriptor >= 0 else {
-            let reason = String(cString: strerror(errno))
-            throw HopStoreError(
-                .cannotOpen, operation: "create database", path: path,
-                reason: "the file cannot be created (\(reason))",
-                hint: "Check that the folder is writable, or choose another path with --db or $HOP_DB")
-        }
-        fchmod(descriptor, 0o600)
-        close(descriptor)
     }
 }

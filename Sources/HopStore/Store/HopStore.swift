@@ -94,9 +94,17 @@ public actor HopStore {
                 let connection = try Connection(
                     path: path, create: options.createIfMissing, durability: options.durability,
                     busyTimeout: options.busyTimeout, vfs: options.vfs)
-                let version = options.migrate
-                    ? try Migrator.migrate(connection, migrations: options.migrations)
-                    : try Migrator.verify(connection, migrations: options.migrations)
+                let version: Int
+                do {
+                    version = options.migrate
+                        ? try Migrator.migrate(connection, migrations: options.migrations)
+                        : try Migrator.verify(connection, migrations: options.migrations)
+                } catch let error as HopStoreError where connection.createdFile {
+                    // A database this call created and could not set up (a full disk): leave nothing.
+                    connection.close()
+                    guard DatabaseFile.removeIfEmpty(path) else { throw error }
+                    throw DatabaseFile.sayingRemoved(error)
+                }
                 var logger = logger
                 logger[metadataKey: "hop.db"] = "\(path)"
                 logger.debug("opened Hop database", metadata: ["hop.schema": "\(version)"])

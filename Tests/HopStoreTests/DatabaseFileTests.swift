@@ -1,0 +1,72 @@
+import Foundation
+import HopTestSupport
+import Testing
+
+@testable import HopStore
+
+/// What Hop adopts as its database file, and what it refuses, tried as an operator would with hopctl.
+@Suite struct DatabaseFileTests {
+    @Test func anExistingEmptyFileOfMode0644IsMadePrivateWithItsCompanions() async throws {
+        let folder = try TemporaryDirectory()
+        #expect(FileManager.default.createFile(atPath: folder.database, contents: nil, attributes: [.posixPermissions: 0o644]))
+        let store = try await HopStore.open(path: folder.database)
+        try await store.storeSession(subject: "default", userID: "alice", token: "plain-text-token")
+        for file in [folder.database, folder.database + "-wal", folder.database + "-shm"] {
+            let mode = try #require(try FileManager.default.attributesOfItem(atPath: file)[.posixPermissions] as? Int)
+            #expect(mode == 0o600, "\(file) has mode \(String(mode, radix: 8))")
+        }
+    }
+
+    @Test func aSymlinkADeviceAMemoryDatabaseAndAURIAreRefusedAndLeaveNothing() async throws {
+        let folder = try TemporaryDirectory()
+        _ = try await HopStore.open(path: folder.database)
+        let link = folder.path("link.sqlite")
+        try FileManager.default.createSymbolicLink(atPath: link, withDestinationPath: folder.database)
+        let before = try Self.files(in: folder)
+        for (path, words) in [
+            (link, "symbolic link"), ("/dev/null", "not a regular file"), (":memory:", "not a database file path"),
+            ("file:\(folder.path("uri.sqlite"))?mode=rwc", "not a database file path"),
+        ] {
+            for arguments in [["status"], ["migrate"]] {
+                let result = try await run("hopctl", arguments + ["--db", path], in: folder)
+                #expect(result.status == 1 && result.stderr.contains(words), "\(path) \(arguments): \(result.stderr)")
+                #expect(!result.stderr.contains("nothing was changed") || !result.stderr.contains("disk"), "\(result.stderr)")
+            }
+        }
+        let memory = try await run("hopctl", ["status"], environment: ["HOP_DB": ":memory:"], in: folder)
+        #expect(memory.status == 1 && memory.stderr.contains("not a database file path"), "\(memory.stderr)")
+        #expect(!FileManager.default.fileExists(atPath: "/dev/null-journal") || Self.modeOf("/dev/null-journal") != 0o666)
+        #expect(try Self.files(in: folder) == before, "stray files were left")
+        #expect(!FileManager.default.fileExists(atPath: FileManager.default.currentDirectoryPath + "/:memory:"))
+    }
+
+    @Test func anotherUsersDatabaseIsRefusedNamingItsOwner() async throws {
+        let folder = try TemporaryDirectory()
+        _ = try await HopStore.open(path: folder.database)
+        let result: (status: Int32, stdout: String, stderr: String)
+        if getuid() == 0 {
+            // As root, run hopctl as nobody: the database (root's, 0600) is another user's.
+            try FileManager.default.setAttributes([.posixPermissions: 0o755], ofItemAtPath: folder.url.path)
+            result = try await run(
+                "/usr/bin/setpriv", ["--reuid=nobody", "--regid=nogroup", "--clear-groups", builtProduct("hopctl"), "status", "--db", folder.database],
+                in: folder)
+        } else {
+            try FileManager.default.setAttributes([.posixPermissions: 0o000], ofItemAtPath: folder.database)
+            defer { try? FileManager.default.setAttributes([.posixPermissions: 0o600], ofItemAtPath: folder.database) }
+            result = try await run("hopctl", ["status", "--db", folder.database], in: folder)
+        }
+        #expect(result.status == 1, "\(result.stderr)")
+        #expect(result.stderr.contains("permission denied") && result.stderr.contains("sudo -u"), "\(result.stderr)")
+        let owner = String(cString: getpwuid(getuid()).pointee.pw_name)
+        #expect(result.stderr.contains("belongs to \(owner)"), "\(result.stderr)")
+    }
+
+    /// The folder's files, but for the captured output of the processes the test ran.
+    private static func files(in folder: TemporaryDirectory) throws -> [String] {
+        try FileManager.default.contentsOfDirectory(atPath: folder.url.path).filter { !$0.hasSuffix(".out") && !$0.hasSuffix(".err") }.sorted()
+    }
+
+    private static func modeOf(_ path: String) -> Int {
+        ((try? FileManager.default.attributesOfItem(atPath: path)[.posixPermissions]) as? Int) ?? 0
+    }
+}
