@@ -12,7 +12,8 @@ import Synchronization
 struct HopDemo: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "hop-demo",
-        abstract: "Run the start-up flow of a daemon with Hop: splash, onboarding on first use, login without a stored session, main.")
+        abstract: "Run the start-up flow of a daemon with Hop: splash, onboarding on first use, login without a stored session, main.",
+        version: "hop-demo \(HopVersion.current)")
 
     @Flag(help: "Finish onboarding and login automatically after a short pause.")
     var auto = false

@@ -2,24 +2,22 @@ import ArgumentParser
 import Foundation
 import HopStore
 
-/// Options every command takes.
+/// Options every command that changes the database takes.
 struct GlobalOptions: ParsableArguments {
     @Option(name: .long, help: ArgumentHelp("The Hop database.", valueName: "path"))
     var db: String?
 
-    @Option(name: .long, help: ArgumentHelp("How long a write waits for a daemon's write lock, in milliseconds.", valueName: "ms"))
+    @Option(
+        name: .long, parsing: .unconditional,
+        help: ArgumentHelp("How long a write waits for a daemon's write lock, in milliseconds (0 to 600000).", valueName: "ms"))
     var busyTimeout: Int = 5000
 
     var path: String { db ?? DatabaseLocation.defaultPath() }
 
     func validate() throws {
-        guard busyTimeout >= 0 else { throw ValidationError("--busy-timeout must be 0 or more milliseconds") }
-    }
-
-    /// Opens the database for reading: never creates or upgrades it.
-    func openForReading() async throws -> HopStore {
-        try await HopStore.open(
-            path: path, options: HopStore.Options(busyTimeout: .milliseconds(busyTimeout), createIfMissing: false, migrate: false))
+        guard (0...600_000).contains(busyTimeout) else {
+            throw ValidationError("--busy-timeout is out of range: give 0 to 600000 milliseconds")
+        }
     }
 
     /// Opens the database for a change: it must exist; its schema is brought up to date.
@@ -47,17 +45,54 @@ extension GlobalOptions {
             }
         }
         guard !leading.isEmpty else { return arguments }
+        // Reads never wait for a writer: a leading --busy-timeout (say, from a shell alias) does not apply to them.
+        if let command = rest.first, readCommands.contains(command) || (command == "session" && rest.dropFirst().first == "show")
+            || command == "first-use"
+        {
+            leading = Self.withoutBusyTimeout(leading)
+        }
         // Before a `--` the options still belong to the command; after it nothing is parsed.
         if let separator = rest.firstIndex(of: "--") {
             return Array(rest[..<separator]) + leading + Array(rest[separator...])
         }
         return Array(rest) + leading
     }
+
+    /// The commands that only read.
+    static let readCommands: Set<String> = ["status", "history", "graph"]
+
+    private static func withoutBusyTimeout(_ options: [String]) -> [String] {
+        var kept: [String] = []
+        var rest = options[...]
+        while let first = rest.popFirst() {
+            if first == "--busy-timeout" {
+                _ = rest.popFirst()
+            } else if !first.hasPrefix("--busy-timeout=") {
+                kept.append(first)
+            }
+        }
+        return kept
+    }
+}
+
+/// Options every command that only reads takes: reads never wait for a writer, so they have no busy timeout.
+struct ReadOptions: ParsableArguments {
+    @Option(name: .long, help: ArgumentHelp("The Hop database.", valueName: "path"))
+    var db: String?
+
+    var path: String { db ?? DatabaseLocation.defaultPath() }
+
+    /// Opens the database for reading: never creates or upgrades it.
+    func openForReading() async throws -> HopStore {
+        try await HopStore.open(path: path, options: HopStore.Options(createIfMissing: false, migrate: false))
+    }
 }
 
 /// The subject option, `default` unless given.
 struct SubjectOption: ParsableArguments {
-    @Option(name: .long, help: ArgumentHelp("Whom the run is for (a device, a user).", valueName: "subject"))
+    @Option(
+        name: .long,
+        help: ArgumentHelp("The subject: whom the flows and stored state are for (a device, a user; default: default).", valueName: "subject"))
     var subject: String = "default"
 
     func validate() throws { try checkIdentifier(subject, as: "subject") }

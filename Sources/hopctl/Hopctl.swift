@@ -11,6 +11,7 @@ struct Hopctl: AsyncParsableCommand {
             The database is --db PATH, else $HOP_DB, else $XDG_STATE_HOME/hop/hop.sqlite, else ~/.local/state/hop/hop.sqlite.
             Exit codes: 0 success, 64 usage error, 1 runtime error (message on standard error).
             """,
+        version: "hopctl \(HopVersion.current)",
         subcommands: [
             Migrate.self, Status.self, History.self, Unhop.self, Cancel.self, Restart.self, ResetFirstUse.self,
             FirstUse.self, SessionCommand.self, Graph.self,
@@ -21,7 +22,9 @@ struct Hopctl: AsyncParsableCommand {
     static func main() async {
         do {
             try checkArgumentsAreUTF8()
-            var command = try parseAsRoot(GlobalOptions.hoisted(Array(CommandLine.arguments.dropFirst())))
+            let arguments = GlobalOptions.hoisted(Array(CommandLine.arguments.dropFirst()))
+            try checkCommandIsKnown(arguments)
+            var command = try parseAsRoot(arguments)
             if var asynchronous = command as? AsyncParsableCommand {
                 try await asynchronous.run()
             } else {
@@ -48,6 +51,31 @@ func checkArgumentsAreUTF8() throws {
             throw UsageError("argument \(index) is not valid UTF-8; names, subjects, keys, paths and tokens must be UTF-8 text (nothing was changed)")
         }
     }
+}
+
+/// Refuses an unknown command with the closest known one, e.g. `statuss` → `status`.
+func checkCommandIsKnown(_ arguments: [String]) throws {
+    guard let word = arguments.first, !word.hasPrefix("-") else { return }
+    let commands = Hopctl.configuration.subcommands.map { $0.configuration.commandName ?? String(describing: $0).lowercased() } + ["help"]
+    guard !commands.contains(word) else { return }
+    let closest = commands.min { editDistance(word, $0) < editDistance(word, $1) }
+    var message = "'\(Output.printable(String(word.prefix(40))))' is not a hopctl command"
+    if let closest, editDistance(word, closest) <= max(2, closest.count / 3) { message += "; did you mean `hopctl \(closest)`?" }
+    throw UsageError(message + " The commands: \(commands.filter { $0 != "help" }.joined(separator: ", ")) (see `hopctl --help`)")
+}
+
+/// The Levenshtein distance between `a` and `b`.
+func editDistance(_ a: String, _ b: String) -> Int {
+    let a = Array(a), b = Array(b)
+    var previous = Array(0...b.count)
+    for (i, x) in a.enumerated() {
+        var current = [i + 1]
+        for (j, y) in b.enumerated() {
+            current.append(min(previous[j + 1] + 1, current[j] + 1, previous[j] + (x == y ? 0 : 1)))
+        }
+        previous = current
+    }
+    return previous[b.count]
 }
 
 /// A usage error found once the command runs (exit 64), e.g. in what standard input held.

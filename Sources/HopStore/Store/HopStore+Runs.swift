@@ -48,6 +48,11 @@ extension HopStore {
             [.integer(Int64(limit))] + arguments, operation: "list runs", RunRecord.init(row:))
     }
 
+    /// The names of the flows that have runs here, in order.
+    public func flowNames() throws -> [String] {
+        try connection.query("SELECT DISTINCT flow FROM runs ORDER BY flow", [], operation: "list flows") { $0.text(0) }
+    }
+
     /// Every run of `flow` for `subject`, oldest first.
     public func allRuns(flow: String, subject: String) throws -> [RunRecord] {
         try validate(flow, as: "flow name")

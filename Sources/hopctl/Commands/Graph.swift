@@ -9,16 +9,19 @@ struct Graph: AsyncParsableCommand {
         case mermaid, dot
     }
 
-    @OptionGroup var global: GlobalOptions
+    @OptionGroup var global: ReadOptions
     @OptionGroup var output: OutputOptions
 
     @Option(help: ArgumentHelp("The flow.", valueName: "flow"))
     var flow: String
 
-    @Option(help: "mermaid (for Markdown) or dot (for Graphviz).")
-    var format: Format = .mermaid
+    @Option(help: "mermaid (for Markdown, the default) or dot (for Graphviz).")
+    var format: Format?
 
-    func validate() throws { try checkIdentifier(flow, as: "flow name") }
+    func validate() throws {
+        try checkIdentifier(flow, as: "flow name")
+        if output.json, format != nil { throw ValidationError("--json and --format conflict: give one of them") }
+    }
 
     func run() async throws {
         let store = try await global.openForReading()
@@ -29,7 +32,7 @@ struct Graph: AsyncParsableCommand {
                 .notFound, operation: "graph", path: store.path, reason: "no run of flow '\(flow)' has hopped yet",
                 hint: "Check the flow name with `hopctl status`")
         }
-        switch format {
+        switch format ?? .mermaid {
         case .mermaid: Output.line(mermaid(edges))
         case .dot: Output.line(dot(edges))
         }

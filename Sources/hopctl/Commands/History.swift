@@ -5,22 +5,23 @@ struct History: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "A run's hop history in order (the latest run of the flow for the subject by default).")
 
-    @OptionGroup var global: GlobalOptions
+    @OptionGroup var global: ReadOptions
     @OptionGroup var subjectOption: SubjectOption
     @OptionGroup var output: OutputOptions
 
     @Option(help: ArgumentHelp("The flow.", valueName: "flow"))
     var flow: String
 
-    @Option(help: ArgumentHelp("A run id (see `hopctl status`) instead of the latest run.", valueName: "id"))
+    @Option(parsing: .unconditional, help: ArgumentHelp("A run id (see `hopctl status`) instead of the latest run.", valueName: "id"))
     var run: Int64?
 
-    @Option(help: ArgumentHelp("Only the last N entries.", valueName: "n"))
+    @Option(parsing: .unconditional, help: ArgumentHelp("Only the last N entries (1 or more).", valueName: "n"))
     var limit: Int?
 
     func validate() throws {
         try checkIdentifier(flow, as: "flow name")
-        if let limit, limit < 1 { throw ValidationError("--limit must be at least 1") }
+        if let limit, limit < 1 { throw ValidationError("--limit is out of range: give 1 or more entries") }
+        if let run, run < 1 { throw ValidationError("--run is out of range: run ids are 1 or more (see `hopctl status`)") }
     }
 
     func run() async throws {
@@ -39,17 +40,18 @@ struct History: AsyncParsableCommand {
             record = try await store.latestRun(flow: flow, subject: subject)
         }
         guard let record else {
+            if run == nil { try await requireFlow(flow, in: store, operation: "history") }
             throw HopStoreError(
                 .notFound, operation: "history", path: store.path,
                 reason: run.map { "there is no run \($0)" } ?? "there is no run of flow '\(flow)' for subject '\(subject)'",
-                hint: "List runs with `hopctl status`")
+                hint: "List runs with `hopctl status --flow \(flow)`")
         }
         let entries = try await store.history(runID: record.id, limit: limit)
         if output.json {
             return try Output.json(
                 HistoryJSON(
                     run: RunJSON(record),
-                    entries: entries.map { .init(seq: $0.seq, kind: $0.kind.rawValue, step: $0.step, value: $0.value, at: $0.at) }))
+                    entries: entries.map(HistoryJSON.Entry.init)))
         }
         Output.line("run \(record.id) of \(Output.printable(flow)) for \(Output.printable(subject)): \(record.status.rawValue)")
         Output.table(

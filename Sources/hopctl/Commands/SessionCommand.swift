@@ -103,7 +103,7 @@ struct SessionCommand: AsyncParsableCommand {
     struct Show: AsyncParsableCommand {
         static let configuration = CommandConfiguration(abstract: "The subject's stored session; the token redacted unless --reveal-token.")
 
-        @OptionGroup var global: GlobalOptions
+        @OptionGroup var global: ReadOptions
         @OptionGroup var subjectOption: SubjectOption
         @OptionGroup var output: OutputOptions
 

@@ -10,7 +10,7 @@ struct Status: AsyncParsableCommand {
             "-" when no engine holds the run (it is parked, finished, or waits for an engine).
             """)
 
-    @OptionGroup var global: GlobalOptions
+    @OptionGroup var global: ReadOptions
     @OptionGroup var output: OutputOptions
 
     @Option(help: ArgumentHelp("Only this flow.", valueName: "flow"))
@@ -27,6 +27,7 @@ struct Status: AsyncParsableCommand {
     func run() async throws {
         let store = try await global.openForReading()
         let runs = try await store.runs(flow: flow, subject: subject)
+        if runs.isEmpty, let flow { try await requireFlow(flow, in: store, operation: "status") }
         if output.json { return try Output.json(runs.map(RunJSON.init)) }
         if runs.isEmpty { return Output.note("no runs in \(store.path)") }
         Output.table(
@@ -39,4 +40,13 @@ struct Status: AsyncParsableCommand {
         guard let label = run.ownerLabel else { return "-" }
         return "\(label) (lease \(run.leaseIsLive(at: now) ? "live" : "expired"))"
     }
+}
+
+/// Fails, as history does, when no run of `flow` exists at all: the name is likely mistyped.
+func requireFlow(_ flow: String, in store: HopStore, operation: String) async throws {
+    let flows = try await store.flowNames()
+    guard !flows.contains(flow) else { return }
+    throw HopStoreError(
+        .notFound, operation: operation, path: store.path, reason: "there is no run of flow '\(flow)'",
+        hint: flows.isEmpty ? "No flow has run here yet" : "The flows here: \(flows.joined(separator: ", ")) (see `hopctl status`)")
 }

@@ -100,11 +100,22 @@ struct ResetFirstUse: AsyncParsableCommand {
     func run() async throws {
         let store = try await global.openForWriting()
         let subject = subjectOption.subject
-        let count = all
-            ? try await store.resetAllFirstUse(subject: subject)
-            : try await store.resetFirstUse(subject: subject, features: features)
-        let what = all ? "every feature" : features.map(Output.printable).joined(separator: ", ")
-        Output.line("\(what) is first-use again for \(Output.printable(subject)) (\(count) flag\(count == 1 ? "" : "s") cleared)")
+        if all {
+            let count = try await store.resetAllFirstUse(subject: subject)
+            return Output.line("every feature is first-use again for \(Output.printable(subject)) (\(count) flag\(count == 1 ? "" : "s") cleared)")
+        }
+        let set = Set(try await store.firstUseFlags(subject: subject).map(\.feature))
+        let count = try await store.resetFirstUse(subject: subject, features: features)
+        let cleared = features.filter(set.contains)
+        if !cleared.isEmpty {
+            Output.line(
+                "\(cleared.map(Output.printable).joined(separator: ", ")) \(cleared.count == 1 ? "is" : "are") first-use again for \(Output.printable(subject)) (\(count) flag\(count == 1 ? "" : "s") cleared)")
+        }
+        let unknown = features.filter { !set.contains($0) }
+        if !unknown.isEmpty {
+            let known = set.isEmpty ? "no feature is marked used" : "the features marked used: \(set.sorted().map(Output.printable).joined(separator: ", "))"
+            Output.line("no first-use flag was set for \(Output.printable(subject)) of \(unknown.map(Output.printable).joined(separator: ", ")) (\(known)); nothing to clear")
+        }
     }
 }
 
@@ -115,7 +126,7 @@ struct FirstUse: AsyncParsableCommand {
     struct List: AsyncParsableCommand {
         static let configuration = CommandConfiguration(abstract: "The features the subject has used; any other is on its first use.")
 
-        @OptionGroup var global: GlobalOptions
+        @OptionGroup var global: ReadOptions
         @OptionGroup var subjectOption: SubjectOption
         @OptionGroup var output: OutputOptions
 

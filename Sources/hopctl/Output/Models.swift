@@ -57,12 +57,22 @@ struct HistoryJSON: Encodable {
     var run: RunJSON
     var entries: [Entry]
 
+    /// One entry; `value` is the stored JSON itself (an output, a decision, a deadline), or a
+    /// JSON string for a plain-text message (an error, a cancellation).
     struct Entry: Encodable {
         var seq: Int64
         var kind: String
         var step: String?
-        var value: String?
+        var value: JSONValue?
         var at: Date
+
+        init(_ event: HistoryEvent) {
+            seq = event.seq
+            kind = event.kind.rawValue
+            step = event.step
+            value = event.value.map(JSONValue.init(stored:))
+            at = event.at
+        }
 
         func encode(to encoder: Encoder) throws {
             var container = encoder.container(keyedBy: CodingKeys.self)
@@ -129,4 +139,51 @@ struct EdgeJSON: Encodable {
     }
 
     enum CodingKeys: String, CodingKey { case from, to, count }
+}
+
+/// A stored value as JSON: the JSON it holds, or the text itself as a JSON string.
+enum JSONValue: Codable {
+    case null
+    case bool(Bool)
+    case integer(Int64)
+    case number(Double)
+    case string(String)
+    case array([JSONValue])
+    case object([String: JSONValue])
+
+    init(stored text: String) {
+        self = (try? JSONDecoder().decode(JSONValue.self, from: Data(text.utf8))) ?? .string(text)
+    }
+
+    init(from decoder: Decoder) throws {
+        let container = try decoder.singleValueContainer()
+        if container.decodeNil() {
+            self = .null
+        } else if let value = try? container.decode(Bool.self) {
+            self = .bool(value)
+        } else if let value = try? container.decode(Int64.self) {
+            self = .integer(value)
+        } else if let value = try? container.decode(Double.self) {
+            self = .number(value)
+        } else if let value = try? container.decode(String.self) {
+            self = .string(value)
+        } else if let value = try? container.decode([JSONValue].self) {
+            self = .array(value)
+        } else {
+            self = .object(try container.decode([String: JSONValue].self))
+        }
+    }
+
+    func encode(to encoder: Encoder) throws {
+        var container = encoder.singleValueContainer()
+        switch self {
+        case .null: try container.encodeNil()
+        case .bool(let value): try container.encode(value)
+        case .integer(let value): try container.encode(value)
+        case .number(let value): try container.encode(value)
+        case .string(let value): try container.encode(value)
+        case .array(let value): try container.encode(value)
+        case .object(let value): try container.encode(value)
+        }
+    }
 }

@@ -24,7 +24,9 @@ enum Output {
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes]
         encoder.dateEncodingStrategy = .iso8601
-        line(String(decoding: try encoder.encode(value), as: UTF8.self))
+        let text = String(decoding: try encoder.encode(value), as: UTF8.self)
+        // Foundation pretty-prints an empty array with a blank line inside.
+        line(text.filter { !$0.isWhitespace } == "[]" ? "[]" : text)
     }
 
     /// Prints one line of text for people.
