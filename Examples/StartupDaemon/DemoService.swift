@@ -16,6 +16,8 @@ struct DemoService: Service {
     enum Event: Sendable {
         case engine(EngineEvent)
         case tick
+        /// The run ended: queued behind every event this process's engine sent about it.
+        case end
     }
 
     let engine: HopEngine
@@ -41,6 +43,7 @@ struct DemoService: Service {
         var parkedStep: String?
         // The last history entry of the run told: a resumed run's past is not told again.
         var narrated = existing?.id == run.id ? past : 0
+        var ending = false
         if run.status == .parked, let step = run.currentStep {
             parkedStep = step
             try await parked(on: step)
@@ -77,17 +80,24 @@ struct DemoService: Service {
                     run = latest
                     parkedStep = nil
                     narrated = 0
+                    ending = false
                     continue
                 }
-                if !latest.status.isUnfinished {
-                    // What another process recorded, or what this one did that is still queued.
-                    for entry in try await store.history(runID: run.id) where entry.seq > narrated {
-                        narrator.recorded(entry, subject: subject)
-                    }
-                    outcome.status.withLock { $0 = latest.status }
-                    try await summary(latest)
-                    return
+                if !latest.status.isUnfinished && !ending {
+                    // Once this engine has settled the run, its events are all queued: tell them first.
+                    ending = true
+                    _ = try await engine.settled(runID: run.id)
+                    ticks.yield(.end)
                 }
+            case .end:
+                guard let latest = try await store.run(id: run.id) else { continue }
+                // What another process recorded (this one's entries were told as they came).
+                for entry in try await store.history(runID: run.id) where entry.seq > narrated {
+                    narrator.recorded(entry, subject: subject)
+                }
+                outcome.status.withLock { $0 = latest.status }
+                try await summary(latest)
+                return
             default: continue
             }
         }

@@ -26,6 +26,11 @@ extension HopEngine {
         }
     }
 
+    /// Has run `runID` executed again once it settles, if it is running (not parked) now.
+    private func executeAgainIfWoken(_ runID: Int64) async {
+        if let run = try? await store.run(id: runID), run.status == .running { executeAgain.insert(runID) }
+    }
+
     private func didSettle(_ runID: Int64) async {
         executing[runID] = nil
         holdings.withLock { $0.settled(runID) }
@@ -130,6 +135,10 @@ extension HopEngine {
         switch error {
         case Suspension.parked(let step):
             logger.debug("run parked on an external step", metadata: ["hop.step": "\(step)"])
+            // A step that waits for a stored change that had already come ended as it parked.
+            if case .external(let external)? = self.step(named: step)?.kind, external.wakeOn != nil {
+                await executeAgainIfWoken(run.id)
+            }
         case Suspension.finished:
             logger.info("run was finished or taken over elsewhere; stopped executing it, writing nothing more")
         case _ where Task.isCancelled:

@@ -143,4 +143,22 @@ import Testing
         #expect(edges.contains(HopEdge(from: "onboarding", to: "main", count: 1)))
         #expect(edges.count == 4)
     }
+
+    @Test func aLoginStepEnteredAfterTheSessionWasStoredEndsAtOnce() async throws {
+        // The login raced the hop: the session was stored between the flow's check and its hop to login.
+        let folder = try TemporaryDirectory()
+        let store = try await HopStore.open(path: folder.database)
+        let (run, _) = try await store.startRun(flow: "startup", subject: "default", version: "1")
+        try await store.storeSession(subject: "default", userID: "alice", token: "t")
+        try await store.recordHop(runID: run.id, step: "login", parks: true, wakeOn: .sessionStored)
+        #expect(try await store.run(id: run.id)?.status == .running, "the login step waits for a login that already came")
+        let history = try await store.history(runID: run.id)
+        #expect(history.map(\.kind) == [.hop, .unhop] && history.last?.value == #"{"userID":"alice"}"#)
+
+        // And a step that lasts while a session is stored, entered when none is, is re-routed at once.
+        try await store.deleteSession(subject: "default")
+        try await store.recordHop(runID: run.id, step: "main", parks: true, wakeOn: .sessionRemoved)
+        #expect(try await store.run(id: run.id)?.status == .running)
+        #expect(try await store.history(runID: run.id).last?.kind == .reroute)
+    }
 }
