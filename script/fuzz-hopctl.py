@@ -25,14 +25,19 @@ seeds = [
     ["cancel", "--flow", "startup"], ["restart", "--flow", "startup"], ["reset-first-use", "onboarding"],
     ["reset-first-use", "--all"], ["first-use", "list", "--json"], ["session", "login", "alice", "--expires-in", "30d"],
     ["session", "logout"], ["session", "show", "--json"], ["graph", "--flow", "startup", "--format", "dot"], ["migrate"],
-    ["status", "--busy-timeout", "10"],
+    ["status", "--busy-timeout", "10"], ["cancel", "--flow", "startup", "--busy-timeout", "10"],
+    ["unhop", "--flow", "startup", "--step", "login"], ["unhop", "--flow", "startup", "--step", "main", "--subject", "kiosk"],
+    ["--version"], ["statuss"], ["session", "login", "alice", "not-a-token-argument"], ["session", "login", "bob", "--token-stdin"],
+    ["session", "login", "bob", "--expires-in", "0.4s"], ["graph", "--flow", "startup", "--json", "--format", "dot"],
+    ["history", "--flow", "startup", "--json", "--limit", "-1"], ["reset-first-use", "nosuchfeature"],
 ]
 pieces = [
     "--flow", "--subject", "--output", "--json", "--limit", "--run", "--all", "--expires-in", "--format", "--busy-timeout",
     "--reveal-token", "--token-stdin", "--help", "-h", "--", "-", "startup", "default", "login", "main", "0", "-1",
     "99999999999999999999", "1e309", "NaN", "30d", "0s", "-5m", "mermaid", "dot", "'; DROP TABLE runs; --", "\"", "{", "}",
     "[", "]", "null", "true", '{"a":', '{"a":1}', '"\\ud800"', "\u202e", "\x1b[2J", "\x00", "\xff".encode("latin-1").decode("latin-1"),
-    "x" * 300, "x" * 70000, "名前", "👩‍💻",
+    "x" * 300, "x" * 70000, "名前", "👩‍💻", "--step", "--version", "onboarding", "0.4s", "-5d", "1s", "\u200b", "\u2028",
+    "statuss", "session", "show", ":memory:", "file:x.sqlite", "/dev/null",
 ]
 
 def mutate(args):
