@@ -185,35 +185,22 @@ do {
 
     let run: RunRecord
     if options.mixed > 0 {
-        let service = Task { try await engine.run() }
-        var runIDs: [Int64] = []
-        for index in 0..<options.mixed { runIDs.append(try await engine.start("mixed", subject: "mixed-\(index)").id) }
         // Every run is in its step, its sleep or parked, unless it has moved past that already.
-        for runID in runIDs {
-            while try await !store.history(runID: runID).contains(where: { [.hop, .timer].contains($0.kind) }) {
-                try await Task.sleep(for: .milliseconds(10))
+        let subjects: [String] = (0..<options.mixed).map { "mixed-\($0)" }
+        try await serve(engine, flow: "mixed", subjects: subjects) { runIDs in
+            for runID in runIDs {
+                let history: [HistoryEvent] = try await store.history(runID: runID)
+                if !history.contains(where: { $0.kind == .hop || $0.kind == .timer }) { return false }
             }
+            return true
         }
-        say("started \(options.mixed)")
-        await waitForInputToClose()
-        service.cancel()
-        _ = try? await service.value
-        say("stopped")
-        exit(0)
     }
     if options.subjects > 0 {
-        let service = Task { try await engine.run() }
-        var runIDs: [Int64] = []
-        for index in 0..<options.subjects { runIDs.append(try await engine.start("startup", subject: "user-\(index)").id) }
-        while try await store.statuses(of: runIDs).values.contains(where: { $0.status != .parked }) {
-            try await Task.sleep(for: .milliseconds(10))
+        let subjects: [String] = (0..<options.subjects).map { "user-\($0)" }
+        try await serve(engine, flow: "startup", subjects: subjects) { runIDs in
+            let statuses = try await store.statuses(of: runIDs)
+            return statuses.values.allSatisfy { $0.status == .parked }
         }
-        say("started \(options.subjects)")
-        await waitForInputToClose()
-        service.cancel()
-        _ = try? await service.value
-        say("stopped")
-        exit(0)
     }
     if external {
         let service = Task { try await engine.run() }
@@ -257,4 +244,21 @@ func waitForInputToClose() async {
             done.resume()
         }
     }
+}
+
+/// Runs the engine as a service, starts `flow` for each of `subjects`, prints "started N" once
+/// `ready` holds for their runs, and serves until standard input closes; then exits.
+func serve(
+    _ engine: HopEngine, flow: String, subjects: [String], until ready: ([Int64]) async throws -> Bool
+) async throws -> Never {
+    let service = Task { try await engine.run() }
+    var runIDs: [Int64] = []
+    for subject in subjects { runIDs.append(try await engine.start(flow, subject: subject).id) }
+    while try await !ready(runIDs) { try await Task.sleep(for: .milliseconds(10)) }
+    say("started \(subjects.count)")
+    await waitForInputToClose()
+    service.cancel()
+    _ = try? await service.value
+    say("stopped")
+    exit(0)
 }
