@@ -1,6 +1,6 @@
 import HopEngine
 
-/// The seed's start-up flow: splash, onboarding on first use, login when no session is stored, main.
+/// The start-up flow of CLHoppingViewController's example: splash, onboarding on first use, login when no session is stored, main.
 let startupFlow = Flow("startup", version: "1") { flow in
     try await flow.hop(to: "splash")
     if try await flow.isFirstUse("onboarding") {

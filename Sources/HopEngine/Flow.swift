@@ -38,7 +38,7 @@ public struct Flow: Sendable {
     }
 }
 
-/// A hop about to happen: the seed's custom transition block (from, to, completion).
+/// A hop about to happen: CLHoppingViewController's custom transition block (from, to, completion).
 /// The hop is recorded as entered only once the transition hook returns.
 public struct Transition: Sendable {
     /// The flow name.

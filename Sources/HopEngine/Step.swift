@@ -53,7 +53,7 @@ public struct ExternalStep: Sendable {
     public static func external(unhopWhen condition: WakeCondition) -> ExternalStep { ExternalStep(wakeOn: condition) }
 }
 
-/// What a step sees of its run (the seed's `hoppingViewController` accessor): who it runs
+/// What a step sees of its run (CLHoppingViewController's `hoppingViewController` accessor): who it runs
 /// for, the run's stored state, and ``unhop()``.
 public struct StepContext: Sendable {
     /// The flow name.
