@@ -11,7 +11,7 @@ import Logging
 //                and the engine runs as a service until the run completes;
 //                otherwise every step runs in process and the daemon exits once the run settles.
 //   --version 2  the flow code of a later release: main follows splash directly.
-//   --engine-id  the engine's identity ("hop-test-daemon" by default, so a restart takes its runs back at once)
+//   --engine-id  the engine's label ("hop-test-daemon" by default); ownership goes by incarnation, not by it
 //   --lease S    the lease duration in seconds (10 by default)
 //   --sleep S    the flow sleeps durably for S seconds after splash
 //   --reroute    main is external and ended by a logout, after which the flow goes back through login

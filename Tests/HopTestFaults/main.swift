@@ -50,7 +50,7 @@ do {
             observer: { event in
                 if case .recorded(_, let entry) = event { say("ack \(entry.seq) \(entry.kind.rawValue) \(entry.step ?? "-")") }
             },
-            engineID: "hop-test-faults"))  // a restarted helper takes its runs back at once
+            engineID: "hop-test-faults"))  // a label: a restarted helper takes its runs back at once by liveness
     registerInstantStartup(on: engine)
     let run = try await engine.start("startup")
     let settled = try await engine.settled(runID: run.id)
