@@ -50,7 +50,7 @@ extension HopEngine: Service {
                 if version != seen || renew || released > 0 {
                     seen = version
                     try await stopRunsFinishedElsewhere()
-                    try await resumeAll()
+                    try await resumeClaimable()
                 }
             } catch is CancellationError {
                 return

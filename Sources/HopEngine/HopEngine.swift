@@ -147,10 +147,17 @@ public actor HopEngine {
     }
 
     /// Resumes every unfinished, unparked run of the registered flows that no other engine
-    /// holds (its lease expired, or it has none); returns how many.
+    /// holds (its lease expired, it has none, or its process is gone); returns how many.
     @discardableResult
     public func resumeAll() async throws -> Int {
         try await releaseRunsOfDeadEngines()
+        return try await resumeClaimable()
+    }
+
+    /// Claims and executes the runs no live engine holds (`resumeAll` without looking for dead
+    /// engines first: the watch has just looked).
+    @discardableResult
+    func resumeClaimable() async throws -> Int {
         let candidates = try await store.claimableRuns(flows: flowNames)
         var resumed = 0
         // In batches: one transaction claims a batch, one statement reads its histories, and

@@ -26,8 +26,7 @@ final class Connection {
             let message = opened.map { String(cString: sqlite3_errmsg($0)) } ?? "out of memory"
             sqlite3_close_v2(opened)
             let error = Self.error(code: code, message: message, operation: "open", path: path)
-            if createdFile && DatabaseFile.removeIfEmpty(path) { throw DatabaseFile.sayingRemoved(error) }
-            throw error
+            throw createdFile ? DatabaseFile.discardCreated(path, after: error) : error
         }
         handle = opened
         sqlite3_extended_result_codes(handle, 1)
@@ -42,8 +41,7 @@ final class Connection {
         } catch {
             cache.removeAll()
             sqlite3_close_v2(handle)
-            if createdFile && DatabaseFile.removeIfEmpty(path) { throw DatabaseFile.sayingRemoved(error) }
-            throw error
+            throw createdFile ? DatabaseFile.discardCreated(path, after: error) : error
         }
     }
 

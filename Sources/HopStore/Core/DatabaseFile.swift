@@ -36,19 +36,14 @@ enum DatabaseFile {
         return false
     }
 
-    /// Removes a database file this process created and left empty (an open that failed, e.g. on a
-    /// full disk), with its companions: nothing is left behind. Returns whether it did.
-    @discardableResult
-    static func removeIfEmpty(_ path: String) -> Bool {
+    /// After `error` opening or setting up a database this process created: removes the file if
+    /// it is still empty (nothing was stored), with its companions, so that nothing is left
+    /// behind; returns the error to throw, saying so when it did.
+    static func discardCreated(_ path: String, after error: any Error) -> any Error {
         var info = stat()
-        guard lstat(path, &info) == 0, info.st_mode & S_IFMT == S_IFREG, info.st_size == 0 else { return false }
+        guard lstat(path, &info) == 0, info.st_mode & S_IFMT == S_IFREG, info.st_size == 0 else { return error }
         unlink(path)
         for suffix in companions { unlink(path + suffix) }
-        return true
-    }
-
-    /// `error` with a hint that the empty file this process had created was removed.
-    static func sayingRemoved(_ error: any Error) -> any Error {
         guard var error = error as? HopStoreError else { return error }
         error.hint = [error.hint, "The empty file it had created was removed"].compactMap { $0 }.joined(separator: ". ")
         return error

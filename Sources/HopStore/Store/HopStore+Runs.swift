@@ -218,21 +218,18 @@ extension HopStore {
     }
 
     /// A step that parks until a stored change, whose change has already happened when it parks,
-    /// ends at once in the same transaction: a login step entered after the session was stored
-    /// (a login that raced the hop) is unhopped, a step that lasts while a session is stored is
-    /// re-routed when none is. Otherwise it would wait for a change that already came.
+    /// ends at once in the same transaction, as the change would have ended it: a login step
+    /// entered after the session was stored (a login that raced the hop) is unhopped, a step that
+    /// lasts while a session is stored is re-routed when none is. Otherwise it would wait for a
+    /// change that already came.
     private func endIfAlreadyWokenLocked(runID: Int64, wakeOn: WakeCondition, operation: String) throws {
-        let session = try connection.queryOne(
-            "SELECT user_id FROM sessions WHERE subject = (SELECT subject FROM runs WHERE id = ?1) AND (expires_at IS NULL OR expires_at > ?2)",
-            [.integer(runID), .integer(Clock.nowMilliseconds())], operation: operation) { $0.text(0) }
-        let run = try requireRun(runID, operation: operation)
-        guard let token = run.currentToken else { return }
-        switch (wakeOn, session) {
-        case (.sessionStored, let user?):
-            let output = String(decoding: try JSONEncoder().encode(["userID": user]), as: UTF8.self)
-            try endStepLocked(run, token: token, kind: .unhop, value: output, operation: operation)
+        let subject = try requireRun(runID, operation: operation).subject
+        let stored = try session(subject: subject)
+        switch (wakeOn, stored) {
+        case (.sessionStored, let stored?):
+            try unhopLoginStepsLocked(subject: subject, userID: stored.userID, operation: operation)
         case (.sessionRemoved, nil):
-            try endStepLocked(run, token: token, kind: .reroute, value: #"{"reason":"session-removed"}"#, operation: operation)
+            try rerouteSessionStepsLocked(subject: subject, reason: "session-removed", operation: operation)
         default:
             break
         }

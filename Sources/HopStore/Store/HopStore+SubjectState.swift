@@ -76,7 +76,6 @@ extension HopStore {
                 hint: "Give an expiry in the future, or none")
         }
         let operation = "store session of \(subject)"
-        let output = String(decoding: try JSONEncoder().encode(["userID": userID]), as: UTF8.self)
         return try await transaction(operation) { [self] in
             try connection.run(
                 """
@@ -86,15 +85,21 @@ extension HopStore {
                 [.text(subject), .text(userID), .text(token), .integer(Clock.nowMilliseconds()),
                  .optional(expiresAt.map(Clock.milliseconds))],
                 operation: operation)
-            let waiting = try connection.query(
-                "SELECT \(RunRecord.columns) FROM runs WHERE subject = ?1 AND status = 'parked' AND wake_on = ?2",
-                [.text(subject), .text(WakeCondition.sessionStored.rawValue)], operation: operation, RunRecord.init(row:))
-            for run in waiting {
-                guard let token = run.currentToken else { continue }
-                try endStepLocked(run, token: token, kind: .unhop, value: output, operation: operation)
-            }
-            return waiting.map(\.id)
+            return try unhopLoginStepsLocked(subject: subject, userID: userID, operation: operation)
         }
+    }
+
+    /// Unhops the parked steps of `subject` that wait for a session (``WakeCondition/sessionStored``),
+    /// with the output `{"userID": …}`; returns their runs' ids.
+    @discardableResult
+    func unhopLoginStepsLocked(subject: String, userID: String, operation: String) throws -> [Int64] {
+        let waiting = try parkedRunsLocked(subject: subject, wakeOn: .sessionStored, operation: operation)
+        let output = String(decoding: try JSONEncoder().encode(["userID": userID]), as: UTF8.self)
+        for run in waiting {
+            guard let token = run.currentToken else { continue }
+            try endStepLocked(run, token: token, kind: .unhop, value: output, operation: operation)
+        }
+        return waiting.map(\.id)
     }
 
     /// The stored session of `subject`; an expired session reads as none.
@@ -151,16 +156,22 @@ extension HopStore {
     }
 
     /// Ends with a re-route the parked steps of `subject` that last only while a session is stored.
-    private func rerouteSessionStepsLocked(subject: String, reason: String, operation: String) throws -> [Int64] {
-        let waiting = try connection.query(
-            "SELECT \(RunRecord.columns) FROM runs WHERE subject = ?1 AND status = 'parked' AND wake_on = ?2",
-            [.text(subject), .text(WakeCondition.sessionRemoved.rawValue)], operation: operation, RunRecord.init(row:))
+    @discardableResult
+    func rerouteSessionStepsLocked(subject: String, reason: String, operation: String) throws -> [Int64] {
+        let waiting = try parkedRunsLocked(subject: subject, wakeOn: .sessionRemoved, operation: operation)
         let value = String(decoding: try JSONEncoder().encode(["reason": reason]), as: UTF8.self)
         for run in waiting {
             guard let token = run.currentToken else { continue }
             try endStepLocked(run, token: token, kind: .reroute, value: value, operation: operation)
         }
         return waiting.map(\.id)
+    }
+
+    /// The runs of `subject` parked on a step that `wakeOn` ends.
+    private func parkedRunsLocked(subject: String, wakeOn: WakeCondition, operation: String) throws -> [RunRecord] {
+        try connection.query(
+            "SELECT \(RunRecord.columns) FROM runs WHERE subject = ?1 AND status = 'parked' AND wake_on = ?2",
+            [.text(subject), .text(wakeOn.rawValue)], operation: operation, RunRecord.init(row:))
     }
 
     // MARK: Facts

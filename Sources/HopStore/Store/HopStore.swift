@@ -99,11 +99,10 @@ public actor HopStore {
                     version = options.migrate
                         ? try Migrator.migrate(connection, migrations: options.migrations)
                         : try Migrator.verify(connection, migrations: options.migrations)
-                } catch let error as HopStoreError where connection.createdFile {
+                } catch where connection.createdFile {
                     // A database this call created and could not set up (a full disk): leave nothing.
                     connection.close()
-                    guard DatabaseFile.removeIfEmpty(path) else { throw error }
-                    throw DatabaseFile.sayingRemoved(error)
+                    throw DatabaseFile.discardCreated(path, after: error)
                 }
                 var logger = logger
                 logger[metadataKey: "hop.db"] = "\(path)"
