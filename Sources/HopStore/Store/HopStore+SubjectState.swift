@@ -93,13 +93,7 @@ extension HopStore {
     /// with the output `{"userID": …}`; returns their runs' ids.
     @discardableResult
     func unhopLoginStepsLocked(subject: String, userID: String, operation: String) throws -> [Int64] {
-        let waiting = try parkedRunsLocked(subject: subject, wakeOn: .sessionStored, operation: operation)
-        let output = String(decoding: try JSONEncoder().encode(["userID": userID]), as: UTF8.self)
-        for run in waiting {
-            guard let token = run.currentToken else { continue }
-            try endStepLocked(run, token: token, kind: .unhop, value: output, operation: operation)
-        }
-        return waiting.map(\.id)
+        try endParkedStepsLocked(subject: subject, wakeOn: .sessionStored, kind: .unhop, value: ["userID": userID], operation: operation)
     }
 
     /// The stored session of `subject`; an expired session reads as none.
@@ -158,20 +152,23 @@ extension HopStore {
     /// Ends with a re-route the parked steps of `subject` that last only while a session is stored.
     @discardableResult
     func rerouteSessionStepsLocked(subject: String, reason: String, operation: String) throws -> [Int64] {
-        let waiting = try parkedRunsLocked(subject: subject, wakeOn: .sessionRemoved, operation: operation)
-        let value = String(decoding: try JSONEncoder().encode(["reason": reason]), as: UTF8.self)
-        for run in waiting {
-            guard let token = run.currentToken else { continue }
-            try endStepLocked(run, token: token, kind: .reroute, value: value, operation: operation)
-        }
-        return waiting.map(\.id)
+        try endParkedStepsLocked(subject: subject, wakeOn: .sessionRemoved, kind: .reroute, value: ["reason": reason], operation: operation)
     }
 
-    /// The runs of `subject` parked on a step that `wakeOn` ends.
-    private func parkedRunsLocked(subject: String, wakeOn: WakeCondition, operation: String) throws -> [RunRecord] {
-        try connection.query(
+    /// Ends the parked steps of `subject` that `wakeOn` ends, with a `kind` entry holding `value`
+    /// as JSON; returns their runs' ids.
+    private func endParkedStepsLocked(
+        subject: String, wakeOn: WakeCondition, kind: HistoryKind, value: [String: String], operation: String
+    ) throws -> [Int64] {
+        let waiting = try connection.query(
             "SELECT \(RunRecord.columns) FROM runs WHERE subject = ?1 AND status = 'parked' AND wake_on = ?2",
             [.text(subject), .text(wakeOn.rawValue)], operation: operation, RunRecord.init(row:))
+        let json = String(decoding: try JSONEncoder().encode(value), as: UTF8.self)
+        for run in waiting {
+            guard let token = run.currentToken else { continue }
+            try endStepLocked(run, token: token, kind: kind, value: json, operation: operation)
+        }
+        return waiting.map(\.id)
     }
 
     // MARK: Facts
