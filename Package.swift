@@ -106,19 +106,28 @@ let package = Package(
             path: "Tests/HopTestFaults"
         ),
         .target(
+            name: "HopStoreTestSupport",
+            dependencies: [
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "InMemoryLogging", package: "swift-log"),
+            ],
+            path: "Tests/HopStoreTestSupport"
+        ),
+        .target(
             name: "HopTestSupport",
-            dependencies: ["HopEngine", .product(name: "Logging", package: "swift-log")],
+            dependencies: ["HopEngine", "HopStoreTestSupport"],
             path: "Tests/HopTestSupport"
         ),
         .testTarget(
             name: "HopStoreTests",
-            dependencies: ["HopStore", "CSQLite", "HopTestSupport", "hop-test-store"]
+            dependencies: ["HopStore", "CSQLite", "HopStoreTestSupport", "hop-test-store"]
         ),
         .testTarget(
             name: "HopEngineTests",
             dependencies: [
                 "HopEngine", "HopTestSupport", "hop-test-daemon", "hopctl",
                 .product(name: "MetricsTestKit", package: "swift-metrics"),
+                .product(name: "InMemoryLogging", package: "swift-log"),
             ]
         ),
         .testTarget(
@@ -130,6 +139,7 @@ let package = Package(
             dependencies: [
                 "HopEngine", "HopStore", "CSQLite", "CHopFaultVFS", "HopTestSupport", "hop-test-faults", "hopctl",
                 .product(name: "Logging", package: "swift-log"),
+                .product(name: "InMemoryLogging", package: "swift-log"),
             ]
         ),
         .testTarget(

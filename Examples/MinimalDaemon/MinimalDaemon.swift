@@ -1,6 +1,5 @@
 import Foundation
 import HopEngine
-import HopStore
 import Logging
 import ServiceLifecycle
 

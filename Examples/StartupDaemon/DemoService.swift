@@ -1,6 +1,5 @@
 import Foundation
 import HopEngine
-import HopStore
 import Logging
 import ServiceLifecycle
 import Synchronization
@@ -21,6 +20,8 @@ struct DemoService: Service {
     }
 
     let engine: HopEngine
+    /// The database the engine executes on, for what the demo reads.
+    let store: HopStore
     let events: AsyncStream<Event>
     let ticks: AsyncStream<Event>.Continuation
     let narrator: Narrator
@@ -30,7 +31,6 @@ struct DemoService: Service {
     let outcome: Outcome
 
     func run() async throws {
-        let store = engine.store
         let existing = try await store.latestRun(flow: "startup", subject: subject)
         var past: Int64 = 0
         if let existing, existing.status.isUnfinished {
@@ -113,18 +113,17 @@ struct DemoService: Service {
         try await Task.sleep(for: .seconds(1))
         do {
             if step == "login" {
-                guard try await engine.store.session(subject: subject) == nil else { return }
+                guard try await store.session(subject: subject) == nil else { return }
                 try await engine.storeSession(subject: subject, userID: "alice", token: Token.random(byteCount: 32))
             } else {
                 try await engine.unhop(flow: "startup", subject: subject, step: step, output: ["accepted": true])
             }
-        } catch let error as HopStoreError where error.kind == .refused || error.kind == .notFound {
+        } catch let error as HopError where error.code == .refused || error.code == .notFound {
             narrator.note("--auto: \(step) was finished by another process")  // a second daemon on this database
         }
     }
 
     private func summary(_ run: RunRecord) async throws {
-        let store = engine.store
         narrator.say("run \(run.id) is \(run.status.rawValue)")
         let flags = try await store.firstUseFlags(subject: subject).map(\.feature)
         let session = try await store.session(subject: subject)

@@ -1,7 +1,6 @@
 import ArgumentParser
 import Foundation
 import HopEngine
-import HopStore
 import Logging
 import ServiceLifecycle
 import Synchronization
@@ -53,7 +52,7 @@ struct HopDemo: AsyncParsableCommand {
         registerStartupSteps(on: engine)
         let outcome = Outcome()
         let demo = DemoService(
-            engine: engine, events: events, ticks: continuation, narrator: narrator, subject: subject, auto: auto,
+            engine: engine, store: store, events: events, ticks: continuation, narrator: narrator, subject: subject, auto: auto,
             outcome: outcome)
         let group = ServiceGroup(
             configuration: ServiceGroupConfiguration(

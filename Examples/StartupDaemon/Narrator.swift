@@ -1,6 +1,5 @@
 import Foundation
 import HopEngine
-import HopStore
 
 /// Prints what the daemon does, one line per hop, with the decision that led there and the time since start.
 final class Narrator: Sendable {
@@ -26,7 +25,7 @@ final class Narrator: Sendable {
     }
 
     /// A committed history entry, as a line for people.
-    func recorded(_ event: HistoryEvent, subject: String) {
+    func recorded(_ event: HistoryEntry, subject: String) {
         let step = event.step ?? ""
         switch event.kind {
         case .hop: say("hop    -> \(step)")

@@ -108,7 +108,7 @@ struct OutputOptions: ParsableArguments {
 func checkIdentifier(_ value: String, as what: String) throws {
     do {
         try Identifier.validate(value, as: what)
-    } catch let error as HopStoreError {
+    } catch let error as HopError {
         throw ValidationError("\(error.reason). \(error.hint ?? "")")
     }
 }

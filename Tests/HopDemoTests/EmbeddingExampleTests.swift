@@ -33,7 +33,7 @@ import Testing
             }
             do {
                 opened = try await HopStore.open(path: folder.database, options: .init(createIfMissing: false, migrate: false))
-            } catch let error as HopStoreError where [.missing, .schemaOutdated, .busy].contains(error.kind) {
+            } catch let error as HopError where [.missing, .schemaOutdated, .busy].contains(error.code) {
                 return false
             }
             return true

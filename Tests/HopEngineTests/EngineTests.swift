@@ -2,15 +2,16 @@ import Foundation
 import HopEngine
 import HopStore
 import HopTestSupport
+import InMemoryLogging
 import Logging
 import Synchronization
 import Testing
 
 @Suite struct EngineTests {
-    @Test func startupFlowRunsEndToEndAndTheSecondStartSkipsOnboardingAndLogin() async throws {
+    @Test(arguments: TestBackend.all) func startupFlowRunsEndToEndAndTheSecondStartSkipsOnboardingAndLogin(backend: TestBackend) async throws {
         let folder = try TemporaryDirectory()
-        let engine = try await startupEngine(folder)
-        let store = engine.store
+        let engine = try await startupEngine(folder, backend: backend)
+        let store = engine.storage
         let run = try await engine.start("startup")
         #expect(try await engine.settled(runID: run.id)?.status == .parked)
         #expect(try await engine.inFlight(flow: "startup")?.step == "onboarding")
@@ -37,41 +38,41 @@ import Testing
         ])
     }
 
-    @Test func unhopWithStaleTokenIsRefusedAndADoubleUnhopChangesNothing() async throws {
+    @Test(arguments: TestBackend.all) func unhopWithStaleTokenIsRefusedAndADoubleUnhopChangesNothing(backend: TestBackend) async throws {
         let folder = try TemporaryDirectory()
-        let engine = try await startupEngine(folder)
+        let engine = try await startupEngine(folder, backend: backend)
         let run = try await engine.start("startup")
         _ = try await engine.settled(runID: run.id)
         let onboarding = try #require(try await engine.inFlight(flow: "startup"))
 
-        let stale = await #expect(throws: HopStoreError.self) { try await engine.unhop(flow: "startup", token: "forged") }
-        #expect(stale?.kind == .refused)
+        let stale = await #expect(throws: HopError.self) { try await engine.unhop(flow: "startup", token: "forged") }
+        #expect(stale?.code == .refused)
         try await engine.unhop(flow: "startup", token: onboarding.token)
         _ = try await engine.settled(runID: run.id)
-        let twice = await #expect(throws: HopStoreError.self) { try await engine.unhop(flow: "startup", token: onboarding.token) }
+        let twice = await #expect(throws: HopError.self) { try await engine.unhop(flow: "startup", token: onboarding.token) }
         #expect(twice?.description.contains("already unhopped") == true)
-        let history = try await engine.store.history(runID: run.id)
+        let history = try await engine.storage.history(runID: run.id)
         #expect(history.filter { $0.kind == .unhop && $0.step == "onboarding" }.count == 1)
         #expect(history.filter { $0.kind == .hop && $0.step == "login" }.count == 1, "the double unhop did not run the next step again")
     }
 
-    @Test func unhopOfACancelledRunIsRefused() async throws {
+    @Test(arguments: TestBackend.all) func unhopOfACancelledRunIsRefused(backend: TestBackend) async throws {
         let folder = try TemporaryDirectory()
-        let engine = try await startupEngine(folder)
+        let engine = try await startupEngine(folder, backend: backend)
         let run = try await engine.start("startup")
         _ = try await engine.settled(runID: run.id)
         let onboarding = try #require(try await engine.inFlight(flow: "startup"))
         #expect(try await engine.cancel(flow: "startup").status == .cancelled)
         let error = await #expect(throws: (any Error).self) { try await engine.unhop(flow: "startup", token: onboarding.token) }
         #expect("\(error.map { "\($0)" } ?? "")".contains("no unfinished run"))
-        let refused = await #expect(throws: HopStoreError.self) { try await engine.store.recordUnhop(runID: run.id, token: onboarding.token) }
+        let refused = await #expect(throws: HopError.self) { try await engine.storage.recordUnhop(runID: run.id, token: onboarding.token) }
         #expect(refused?.description.contains("cancelled") == true)
-        #expect(try await engine.store.history(runID: run.id).last?.kind == .cancel)
+        #expect(try await engine.storage.history(runID: run.id).last?.kind == .cancel)
     }
 
-    @Test func cancellingARunCancelsTheTaskOfItsStepInFlight() async throws {
+    @Test(arguments: TestBackend.all) func cancellingARunCancelsTheTaskOfItsStepInFlight(backend: TestBackend) async throws {
         let folder = try TemporaryDirectory()
-        let engine = try await startupEngine(folder)
+        let engine = try await startupEngine(folder, backend: backend)
         let entered = Mutex(false)
         engine.register(step: "splash") { _ in
             entered.withLock { $0 = true }
@@ -82,12 +83,12 @@ import Testing
         try await engine.cancel(flow: "startup")
         let settled = try await engine.settled(runID: run.id)
         #expect(settled?.status == .cancelled)
-        #expect(try await path(of: run.id, in: engine.store) == ["hop splash"])
+        #expect(try await path(of: run.id, in: engine.storage) == ["hop splash"])
     }
 
-    @Test func flowCodeThatNoLongerMatchesTheHistoryMarksTheRunDivergedAndDoesNotAdvance() async throws {
+    @Test(arguments: TestBackend.all) func flowCodeThatNoLongerMatchesTheHistoryMarksTheRunDivergedAndDoesNotAdvance(backend: TestBackend) async throws {
         let folder = try TemporaryDirectory()
-        let first = try await startupEngine(folder)
+        let first = try await startupEngine(folder, backend: backend)
         let run = try await first.start("startup")
         _ = try await first.settled(runID: run.id)
 
@@ -95,23 +96,23 @@ import Testing
             try await flow.hop(to: "splash")
             try await flow.hop(to: "main")
         }
-        let second = try await startupEngine(folder, flow: changed)
-        _ = try await second.store.unhopParked(flow: "startup", subject: "default", step: "onboarding")
+        let second = try await startupEngine(folder, backend: backend, flow: changed)
+        _ = try await second.storage.unhopParked(flow: "startup", subject: "default", step: "onboarding", output: nil)
         try await second.resumeAll()
         let settled = try #require(try await second.settled(runID: run.id))
         #expect(settled.status == .diverged)
-        let entry = try #require(try await second.store.history(runID: run.id).last)
+        let entry = try #require(try await second.storage.history(runID: run.id).last)
         #expect(entry.kind == .diverge)
         let message = entry.value ?? ""
         for part in ["decision 'isFirstUse(onboarding)'", "hop to 'main'", "version 2", "version 1", "hopctl restart --flow startup --subject default"] {
             #expect(message.contains(part), "\(message)")
         }
-        #expect(!(try await path(of: run.id, in: second.store)).contains("hop main"))
+        #expect(!(try await path(of: run.id, in: second.storage)).contains("hop main"))
     }
 
-    @Test func aStepThatThrowsIsRetriedAndFailsTheRunWithItsErrorAfterTheLastAttempt() async throws {
+    @Test(arguments: TestBackend.all) func aStepThatThrowsIsRetriedAndFailsTheRunWithItsErrorAfterTheLastAttempt(backend: TestBackend) async throws {
         let folder = try TemporaryDirectory()
-        let engine = try await startupEngine(folder)
+        let engine = try await startupEngine(folder, backend: backend)
         let attempts = Mutex(0)
         engine.register(step: "splash", retry: RetryPolicy(maxAttempts: 3, initialBackoff: .milliseconds(1))) { _ in
             attempts.withLock { $0 += 1 }
@@ -121,51 +122,51 @@ import Testing
         let settled = try #require(try await engine.settled(runID: run.id))
         #expect(settled.status == .failed)
         #expect(attempts.withLock { $0 } == 3)
-        let history = try await engine.store.history(runID: run.id)
+        let history = try await engine.storage.history(runID: run.id)
         #expect(history.map(\.kind) == [.hop, .error, .error, .fail])
         #expect(history.last?.value?.contains("attempt 3 of 3: the cache is unreadable") == true)
     }
 
-    @Test func aStepThatThrowsThenSucceedsCompletesTheRun() async throws {
+    @Test(arguments: TestBackend.all) func aStepThatThrowsThenSucceedsCompletesTheRun(backend: TestBackend) async throws {
         let folder = try TemporaryDirectory()
-        let engine = try await startupEngine(folder)
+        let engine = try await startupEngine(folder, backend: backend)
         let attempts = Mutex(0)
         engine.register(step: "splash", retry: RetryPolicy(maxAttempts: 3, initialBackoff: .milliseconds(1))) { step in
             if attempts.withLock({ $0 += 1; return $0 }) < 3 { throw CacheError() }
             #expect(step.attempt == 3)
         }
-        try await engine.store.markUsed(subject: "default", feature: "onboarding")
-        try await engine.store.storeSession(subject: "default", userID: "alice", token: "t")
+        try await engine.storage.markUsed(subject: "default", feature: "onboarding")
+        try await engine.storage.storeSession(subject: "default", userID: "alice", token: "t")
         let run = try await engine.start("startup")
         #expect(try await engine.settled(runID: run.id)?.status == .completed)
-        #expect(try await engine.store.history(runID: run.id).filter { $0.kind == .error }.count == 2)
+        #expect(try await engine.storage.history(runID: run.id).filter { $0.kind == .error }.count == 2)
     }
 
-    @Test func theTransitionHookFinishesBeforeTheHopCountsAsEntered() async throws {
+    @Test(arguments: TestBackend.all) func theTransitionHookFinishesBeforeTheHopCountsAsEntered(backend: TestBackend) async throws {
         let folder = try TemporaryDirectory()
         let seen = Mutex<[String]>([])
-        let holder = Mutex<HopStore?>(nil)
+        let holder = Mutex<(any HopStorage)?>(nil)
         let flow = startupFlow { transition in
             let store = try #require(holder.withLock { $0 })
             let recorded = try await store.history(runID: transition.runID).filter { $0.kind == .hop }.map { $0.step ?? "" }
             #expect(!recorded.contains(transition.to), "the hop to \(transition.to) was recorded before its transition finished")
             seen.withLock { $0.append("\(transition.from ?? "start")→\(transition.to)") }
         }
-        let engine = try await startupEngine(folder, flow: flow)
-        holder.withLock { $0 = engine.store }
-        try await engine.store.markUsed(subject: "default", feature: "onboarding")
-        try await engine.store.storeSession(subject: "default", userID: "alice", token: "t")
+        let engine = try await startupEngine(folder, backend: backend, flow: flow)
+        holder.withLock { $0 = engine.storage }
+        try await engine.storage.markUsed(subject: "default", feature: "onboarding")
+        try await engine.storage.storeSession(subject: "default", userID: "alice", token: "t")
         let run = try await engine.start("startup")
         #expect(try await engine.settled(runID: run.id)?.status == .completed)
         #expect(seen.withLock { $0 } == ["start→splash", "splash→main"])
-        let transitions = try await engine.store.history(runID: run.id).filter { $0.kind == .transition }
+        let transitions = try await engine.storage.history(runID: run.id).filter { $0.kind == .transition }
         #expect(transitions.map { "\($0.value ?? "")→\($0.step ?? "")" } == ["splash→main"])
     }
 
-    @Test func aStepReachesItsRunsStateAndItsOutputIsTheHopsResult() async throws {
+    @Test(arguments: TestBackend.all) func aStepReachesItsRunsStateAndItsOutputIsTheHopsResult(backend: TestBackend) async throws {
         let folder = try TemporaryDirectory()
-        let store = try await HopStore.open(path: folder.database)
-        let engine = HopEngine(store: store, logger: Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() }))
+        let store = try await backend.open(folder)
+        let engine = HopEngine(storage: store, logger: Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() }))
         struct Terms: Codable, Equatable { var version: Int }
         let result = Mutex<Terms?>(nil)
         engine.register(
@@ -176,7 +177,7 @@ import Testing
             })
         engine.register(step: "read-terms") { step in
             #expect(step.flow == "terms" && step.subject == "kiosk-1" && step.attempt == 1 && !step.isReentry)
-            try await step.store.setFact(subject: step.subject, key: "terms-version", value: "3")
+            try await step.setFact("terms-version", "3")
             try await step.unhop(output: Terms(version: 3))
         }
         let run = try await engine.start("terms", subject: "kiosk-1")
@@ -184,36 +185,36 @@ import Testing
         #expect(result.withLock { $0 } == Terms(version: 3))
     }
 
-    @Test func anUnregisteredStepFailsTheRunWithAMessageSayingWhatToRegister() async throws {
+    @Test(arguments: TestBackend.all) func anUnregisteredStepFailsTheRunWithAMessageSayingWhatToRegister(backend: TestBackend) async throws {
         let folder = try TemporaryDirectory()
-        let store = try await HopStore.open(path: folder.database)
-        let engine = HopEngine(store: store, logger: Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() }))
+        let store = try await backend.open(folder)
+        let engine = HopEngine(storage: store, logger: Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() }))
         engine.register(Flow("f", version: "1") { flow in try await flow.hop(to: "nowhere") })
         let run = try await engine.start("f")
         #expect(try await engine.settled(runID: run.id)?.status == .failed)
         #expect(try await store.history(runID: run.id).last?.value?.contains("engine.register(step: \"nowhere\")") == true)
-        await #expect(throws: HopEngineError.self) { try await engine.start("unknown-flow") }
+        await #expect(throws: HopError.self) { try await engine.start("unknown-flow") }
     }
 
-    @Test func tokensAndOutputsNeverReachLogsAboveDebug() async throws {
+    @Test(arguments: TestBackend.all) func tokensAndOutputsNeverReachLogsAboveDebug(backend: TestBackend) async throws {
         let folder = try TemporaryDirectory()
-        let logs = CapturedLogs()
-        var logger = Logger(label: "test", factory: logs.handler(label:))
+        let logs = InMemoryLogHandler.keepingEverything()
+        var logger = logs.logger(label: "test")
         logger.logLevel = .trace
-        let engine = try await startupEngine(folder, logger: logger)
+        let engine = try await startupEngine(folder, backend: backend, logger: logger)
         engine.register(step: "splash") { step in try await step.unhop(output: ["secret": "output-secret-42"]) }
         let run = try await engine.start("startup")
         _ = try await engine.settled(runID: run.id)
         let onboarding = try #require(try await engine.inFlight(flow: "startup"))
         try await engine.unhop(flow: "startup", token: onboarding.token)
         _ = try await engine.settled(runID: run.id)
-        try await engine.store.storeSession(subject: "default", userID: "alice", token: "session-secret-77")
+        try await engine.storage.storeSession(subject: "default", userID: "alice", token: "session-secret-77")
         try await engine.resumeAll()
         #expect(try await engine.settled(runID: run.id)?.status == .completed)
-        let visible = logs.lines.withLock { $0 }.filter { $0.level > .debug }
+        let visible = logs.texts(atLeast: .info)
         #expect(!visible.isEmpty)
         for line in visible {
-            #expect(!line.text.contains("output-secret-42") && !line.text.contains("session-secret-77") && !line.text.contains(onboarding.token))
+            #expect(!line.contains("output-secret-42") && !line.contains("session-secret-77") && !line.contains(onboarding.token))
         }
     }
 }

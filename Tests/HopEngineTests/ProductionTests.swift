@@ -44,7 +44,7 @@ import Testing
         let first = try await startupEngine(folder, flow: flow)
         let run = try await first.start("startup")
         #expect(try await first.settled(runID: run.id)?.status == .parked)
-        let parked = try #require(try await first.store.run(id: run.id))
+        let parked = try #require(try await first.storage.run(id: run.id))
         let wakeAt = try #require(parked.wakeAt)
 
         // A new engine (the daemon restarted) times the step out at the stored deadline.
@@ -52,12 +52,12 @@ import Testing
         let service = Task { try await second.run() }
         defer { service.cancel() }
         try await waitUntil("the run completes", timeout: .seconds(5)) {
-            try await second.store.run(id: run.id)?.status == .completed
+            try await second.storage.run(id: run.id)?.status == .completed
         }
-        let history = try await second.store.history(runID: run.id)
+        let history = try await second.storage.history(runID: run.id)
         let timeout = try #require(history.first { $0.kind == .timeout })
         #expect(timeout.at >= wakeAt.addingTimeInterval(-0.01))
-        #expect(try await path(of: run.id, in: second.store) == ["hop onboarding", "timeout onboarding", "hop main", "unhop main"])
+        #expect(try await path(of: run.id, in: second.storage) == ["hop onboarding", "timeout onboarding", "hop main", "unhop main"])
     }
 
     @Test func aThousandSubjectsRunAtOnceAndTheirWritesShareTransactions() async throws {

@@ -6,11 +6,10 @@ import Logging
 
 /// An engine over a fresh database with the startup flow; onboarding and login are external.
 func startupEngine(
-    _ folder: TemporaryDirectory, logger: Logger = Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() }),
-    flow: Flow = startupFlow()
+    _ folder: TemporaryDirectory, backend: TestBackend = .sqlite,
+    logger: Logger = Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() }), flow: Flow = startupFlow()
 ) async throws -> HopEngine {
-    let store = try await HopStore.open(path: folder.database)
-    let engine = HopEngine(store: store, logger: logger)
+    let engine = HopEngine(storage: try await backend.open(folder), logger: logger)
     engine.register(flow)
     engine.register(step: "splash") { _ in }
     engine.register(step: "onboarding", .external)
@@ -20,7 +19,7 @@ func startupEngine(
 }
 
 /// The replayed entries of a run's history as "kind step" lines.
-func path(of runID: Int64, in store: HopStore) async throws -> [String] {
+func path(of runID: Int64, in store: any HopStorage) async throws -> [String] {
     try await store.history(runID: runID).filter { $0.kind.isReplayed }.map { "\($0.kind.rawValue) \($0.step ?? "")" }
 }
 

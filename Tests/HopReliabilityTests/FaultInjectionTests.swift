@@ -4,6 +4,7 @@ import Foundation
 import HopEngine
 import HopStore
 import HopTestSupport
+import InMemoryLogging
 import Logging
 import Testing
 
@@ -20,8 +21,8 @@ import Testing
             #expect(n < 400, "the flow never ran without hitting the fault")
             if n >= 400 { return }
             let folder = try TemporaryDirectory()
-            let errors = CapturedLogs()
-            let logger = Logger(label: "faults", factory: errors.handler)
+            let errors = InMemoryLogHandler.keepingEverything()
+            let logger = errors.logger(label: "faults")
             hop_fault_vfs_fail_at(n, code)
             var thrown: (any Error)?
             var runID: Int64?
@@ -83,9 +84,9 @@ import Testing
         let folder = try TemporaryDirectory()
         hop_fault_vfs_fail_at(1, SQLITE_FULL)
         defer { hop_fault_vfs_fail_at(0, 0) }
-        let error = await #expect(throws: HopStoreError.self) { try await HopStore.open(path: folder.database, options: faultOptions()) }
+        let error = await #expect(throws: HopError.self) { try await HopStore.open(path: folder.database, options: faultOptions()) }
         #expect(hop_fault_vfs_faults() == 1)
-        #expect(error?.kind == .ioFailure && error?.description.contains("disk is full") == true, "\(String(describing: error))")
+        #expect(error?.code == .ioFailure && error?.description.contains("disk is full") == true, "\(String(describing: error))")
         #expect(error?.description.contains("The empty file it had created was removed") == true, "\(String(describing: error))")
         for suffix in ["", "-wal", "-shm", "-journal"] {
             #expect(!FileManager.default.fileExists(atPath: folder.database + suffix), "\(suffix) was left behind")

@@ -20,7 +20,7 @@ import Testing
         }
         #expect(try await store.runs().count == names.count)
         // A name that could pose as another in a table is refused, not stored.
-        await #expect(throws: HopStoreError.self) { try await store.startRun(flow: "\u{202E}evil", subject: "s", version: "1") }
+        await #expect(throws: HopError.self) { try await store.startRun(flow: "\u{202E}evil", subject: "s", version: "1") }
         #expect(try await store.runs().count == names.count)
         #expect(try await store.integrityCheck() == ["ok"])
     }
@@ -31,10 +31,10 @@ import Testing
         let parked = try await store.startRun(flow: "startup", subject: "default", version: "1").run
         let hop = try await store.recordHop(runID: parked.id, step: "onboarding", parks: true)
         for output in ["{", "[1,", "nul", "{\"a\":}", "'single'", "\u{0}", String(repeating: "[", count: 5000)] {
-            await #expect(throws: HopStoreError.self, "output \(output.prefix(20).debugDescription)") {
+            await #expect(throws: HopError.self, "output \(output.prefix(20).debugDescription)") {
                 try await store.recordUnhop(runID: parked.id, token: try #require(hop.token), output: output)
             }
-            await #expect(throws: HopStoreError.self) {
+            await #expect(throws: HopError.self) {
                 try await store.unhopParked(flow: "startup", subject: "default", step: "onboarding", output: output)
             }
         }
@@ -118,7 +118,7 @@ import Testing
         do {
             let store = try await HopStore.open(path: folder.database)
             #expect(try await store.integrityCheck() != ["ok"])
-        } catch let error as HopStoreError {
+        } catch let error as HopError {
             #expect(error.path == folder.database && error.isDatabaseFailure, "\(error)")
         }
     }
@@ -131,10 +131,10 @@ import Testing
             _ = try await store.storeSession(subject: "s", userID: "alice", token: "t", expiresAt: expiry)
         }
         for expiry in [Date(timeIntervalSince1970: -1e300), .distantPast] {
-            let refused = await #expect(throws: HopStoreError.self) {
+            let refused = await #expect(throws: HopError.self) {
                 try await store.storeSession(subject: "s", userID: "alice", token: "t", expiresAt: expiry)
             }
-            #expect(refused?.kind == .invalidInput)
+            #expect(refused?.code == .invalidInput)
         }
         let engine = HopEngine(store: store, logger: Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() }))
         engine.register(

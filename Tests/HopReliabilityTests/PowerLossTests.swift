@@ -29,7 +29,7 @@ import Testing
             // After the cut: the file opens, is sound, and holds every acknowledged entry.
             let store = try await HopStore.open(path: folder.database)
             #expect(try await store.integrityCheck() == ["ok"], "cut \(n)")
-            var stored: [HistoryEvent] = []
+            var stored: [HistoryEntry] = []
             if let crashed = try await store.latestRun(flow: "startup", subject: "default") {
                 stored = try await store.history(runID: crashed.id)
             }

@@ -2,6 +2,7 @@ import Foundation
 import HopEngine
 import HopStore
 import HopTestSupport
+import InMemoryLogging
 import Logging
 import Testing
 
@@ -13,9 +14,9 @@ import Testing
     @Test func aSessionTokenNeverReachesLogsErrorsOrHopctlOutput() async throws {
         let folder = try TemporaryDirectory()
         let secret = "tok-\(UUID().uuidString)"
-        let logs = CapturedLogs()
-        let store = try await HopStore.open(path: folder.database, logger: Logger(label: "store", factory: logs.handler))
-        let engine = HopEngine(store: store, logger: Logger(label: "engine", factory: logs.handler))
+        let logs = InMemoryLogHandler.keepingEverything()
+        let store = try await HopStore.open(path: folder.database, logger: logs.logger(label: "store"))
+        let engine = HopEngine(store: store, logger: logs.logger(label: "engine"))
         engine.register(
             Flow("startup", version: "1") { flow in
                 if try await flow.session() == nil { try await flow.hop(to: "login") }
@@ -68,8 +69,8 @@ import Testing
                     default: _ = try await store.resetFirstUse(subject: value, features: ["onboarding"])
                     }
                     Issue.record("bad value \(index) was accepted in call \(attempt)")
-                } catch let error as HopStoreError {
-                    #expect(error.kind == .invalidInput, "value \(index), call \(attempt): \(error)")
+                } catch let error as HopError {
+                    #expect(error.code == .invalidInput, "value \(index), call \(attempt): \(error)")
                     #expect(error.description.contains("not a valid identifier"), "\(error)")
                 }
             }
@@ -82,7 +83,7 @@ import Testing
         // An interpolation inside SQL text may only splice in one of these constants; every
         // value goes through a bound parameter (?1, ?2, …).
         let allowed: Set<String> = [
-            "RunRecord.columns", "HistoryEvent.columns", "filter", #"durability == .full ? "FULL" : "NORMAL""#,
+            "RunRecord.columns", "HistoryEntry.columns", "filter", #"durability == .full ? "FULL" : "NORMAL""#,
             "claimable",  // a constant condition around a constant selection (HopStore+Leases)
         ]
         let sql = try Regex(#"\b(SELECT|INSERT|UPDATE|DELETE|PRAGMA|CREATE|ALTER|DROP|VALUES|WHERE)\b"#)

@@ -1,5 +1,5 @@
 import Foundation
-import HopTestSupport
+import HopStoreTestSupport
 import Testing
 
 @testable import HopStore
@@ -9,8 +9,8 @@ import Testing
         let folder = try TemporaryDirectory()
         let garbage = Data("this is a shopping list, not a database\n".utf8) + Data(repeating: 0xAB, count: 8192)
         try garbage.write(to: URL(fileURLWithPath: folder.database))
-        let error = await #expect(throws: HopStoreError.self) { _ = try await HopStore.open(path: folder.database) }
-        #expect(error?.kind == .notADatabase)
+        let error = await #expect(throws: HopError.self) { _ = try await HopStore.open(path: folder.database) }
+        #expect(error?.code == .notADatabase)
         #expect(error?.description.contains(folder.database) == true)
         #expect(FileManager.default.contents(atPath: folder.database) == garbage)
     }
@@ -26,36 +26,36 @@ import Testing
         try? FileManager.default.removeItem(atPath: folder.database + "-wal")
         try? FileManager.default.removeItem(atPath: folder.database + "-shm")
         try bytes.prefix(bytes.count / 2).write(to: URL(fileURLWithPath: folder.database))
-        await #expect(throws: HopStoreError.self) {
+        await #expect(throws: HopError.self) {
             let store = try await HopStore.open(path: folder.database)
             let check = try await store.integrityCheck()
             if check == ["ok"] { _ = try await store.facts(subject: "default") }
-            if check != ["ok"] { throw HopStoreError(.notADatabase, operation: "check", path: folder.database, reason: check.joined()) }
+            if check != ["ok"] { throw HopError(.notADatabase, operation: "check", path: folder.database, reason: check.joined()) }
         }
     }
 
     @Test func aPathThatIsAFolderIsRefused() async throws {
         let folder = try TemporaryDirectory()
-        let error = await #expect(throws: HopStoreError.self) { _ = try await HopStore.open(path: folder.url.path) }
-        #expect(error?.kind == .cannotOpen)
+        let error = await #expect(throws: HopError.self) { _ = try await HopStore.open(path: folder.url.path) }
+        #expect(error?.code == .cannotOpen)
         #expect(error?.description.contains("folder") == true)
     }
 
     @Test func aFolderThatCannotBeWrittenIsReportedWithThePath() async throws {
         // /proc refuses new files even to root, so this holds whoever runs the tests.
         let path = "/proc/hop-test-\(getpid())/hop.sqlite"
-        let error = await #expect(throws: HopStoreError.self) { _ = try await HopStore.open(path: path) }
-        #expect(error?.kind == .cannotOpen)
+        let error = await #expect(throws: HopError.self) { _ = try await HopStore.open(path: path) }
+        #expect(error?.code == .cannotOpen)
         #expect(error?.description.contains(path) == true)
         #expect(!FileManager.default.fileExists(atPath: path))
     }
 
     @Test func openingWithoutCreateLeavesAMissingFileMissing() async throws {
         let folder = try TemporaryDirectory()
-        let error = await #expect(throws: HopStoreError.self) {
+        let error = await #expect(throws: HopError.self) {
             _ = try await HopStore.open(path: folder.database, options: HopStore.Options(createIfMissing: false, migrate: false))
         }
-        #expect(error?.kind == .missing)
+        #expect(error?.code == .missing)
         #expect(!FileManager.default.fileExists(atPath: folder.database))
     }
 

@@ -1,5 +1,5 @@
 import Foundation
-import HopTestSupport
+import HopStoreTestSupport
 import Testing
 
 @testable import HopStore

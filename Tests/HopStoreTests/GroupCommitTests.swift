@@ -1,5 +1,5 @@
 import Foundation
-import HopTestSupport
+import HopStoreTestSupport
 import Testing
 
 @testable import HopStore
@@ -9,7 +9,7 @@ extension HopStore {
     fileprivate func writeThenFail(runID: Int64) async throws {
         try await transaction("write then fail") { [self] in
             try append(runID: runID, .decision, step: "half-written", value: "1", operation: "write then fail")
-            throw HopStoreError(.refused, operation: "write then fail", path: path, reason: "failing on purpose")
+            throw HopError(.refused, operation: "write then fail", path: path, reason: "failing on purpose")
         }
     }
 }
@@ -29,7 +29,7 @@ extension HopStore {
                         do {
                             try await store.writeThenFail(runID: runID)
                             return (runID, true)
-                        } catch let error as HopStoreError where error.kind == .refused {
+                        } catch let error as HopError where error.code == .refused {
                             return (runID, false)
                         }
                     }

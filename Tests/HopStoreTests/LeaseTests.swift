@@ -1,5 +1,5 @@
 import Foundation
-import HopTestSupport
+import HopStoreTestSupport
 import Testing
 
 @testable import HopStore
@@ -71,7 +71,7 @@ import Testing
         #expect(takeover.kind == .takeover && takeover.step == "kiosk")
         #expect(takeover.value == #"{"from":"\#(oldID)","to":"\#(new.id)"}"#)
         // The old owner's writes are refused from now on: they are fenced by owner.
-        await #expect(throws: HopStoreError.self) { try await store.recordDecision(runID: first, name: "late", value: "1", owner: oldID) }
+        await #expect(throws: HopError.self) { try await store.recordDecision(runID: first, name: "late", value: "1", owner: oldID) }
         #expect(try await store.history(runID: first).count == 1)
     }
 }

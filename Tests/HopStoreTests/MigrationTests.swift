@@ -1,6 +1,6 @@
 import CSQLite
 import Foundation
-import HopTestSupport
+import HopStoreTestSupport
 import Testing
 
 @testable import HopStore
@@ -70,10 +70,10 @@ import Testing
         _ = try await HopStore.open(path: folder.database)
         var older = HopStore.Options()
         older.migrations = Array(Migration.all.dropLast())
-        let error = await #expect(throws: HopStoreError.self) {
+        let error = await #expect(throws: HopError.self) {
             _ = try await HopStore.open(path: folder.database, options: older)
         }
-        #expect(error?.kind == .schemaTooNew)
+        #expect(error?.code == .schemaTooNew)
         #expect(error?.description.contains("schema version \(Migration.latestVersion)") == true)
         #expect(error?.description.contains("versions up to \(Migration.latestVersion - 1)") == true)
         let store = try await HopStore.open(path: folder.database)
@@ -85,10 +85,10 @@ import Testing
         _ = try await HopStore.open(path: folder.database)
         var edited = HopStore.Options()
         edited.migrations[0].sql += "\n-- an edit\n"
-        let error = await #expect(throws: HopStoreError.self) {
+        let error = await #expect(throws: HopError.self) {
             _ = try await HopStore.open(path: folder.database, options: edited)
         }
-        #expect(error?.kind == .migrationEdited)
+        #expect(error?.code == .migrationEdited)
         #expect(error?.description.contains("migration 1 (initial)") == true)
     }
 
@@ -97,10 +97,10 @@ import Testing
         var old = HopStore.Options()
         old.migrations = Array(Migration.all.prefix(1))
         _ = try await HopStore.open(path: folder.database, options: old)
-        let error = await #expect(throws: HopStoreError.self) {
+        let error = await #expect(throws: HopError.self) {
             _ = try await HopStore.open(path: folder.database, options: HopStore.Options(createIfMissing: false, migrate: false))
         }
-        #expect(error?.kind == .schemaOutdated)
+        #expect(error?.code == .schemaOutdated)
         #expect(error?.description.contains("hopctl migrate") == true)
     }
 
@@ -118,8 +118,8 @@ import Testing
         // A database that needs migrating does wait for the lock, and says so when it cannot get it.
         var newer = HopStore.Options(busyTimeout: .milliseconds(100))
         newer.migrations.append(Migration(version: Migration.latestVersion + 1, name: "future", sql: "CREATE TABLE future (x)"))
-        let error = await #expect(throws: HopStoreError.self) { try await HopStore.open(path: folder.database, options: newer) }
-        #expect(error?.kind == .busy, "\(String(describing: error))")
+        let error = await #expect(throws: HopError.self) { try await HopStore.open(path: folder.database, options: newer) }
+        #expect(error?.code == .busy, "\(String(describing: error))")
         holder.closeInput()
         #expect(try await holder.waitForExit() == 0)
     }

@@ -1,5 +1,5 @@
 import Foundation
-import HopTestSupport
+import HopStoreTestSupport
 import Testing
 
 @testable import HopStore
@@ -55,16 +55,16 @@ import Testing
         let hop = try await store.recordHop(runID: run.id, step: "onboarding", parks: true)
         let token = try #require(hop.token)
 
-        let stale = await #expect(throws: HopStoreError.self) { try await store.recordUnhop(runID: run.id, token: "not-the-token") }
-        #expect(stale?.kind == .refused)
+        let stale = await #expect(throws: HopError.self) { try await store.recordUnhop(runID: run.id, token: "not-the-token") }
+        #expect(stale?.code == .refused)
         #expect(stale?.description.contains("stale or unknown") == true)
-        let badJSON = await #expect(throws: HopStoreError.self) { try await store.recordUnhop(runID: run.id, token: token, output: "{oops") }
-        #expect(badJSON?.kind == .invalidInput)
+        let badJSON = await #expect(throws: HopError.self) { try await store.recordUnhop(runID: run.id, token: token, output: "{oops") }
+        #expect(badJSON?.code == .invalidInput)
         #expect(try await store.history(runID: run.id).count == 1)
 
         try await store.recordUnhop(runID: run.id, token: token, output: "42")
-        let twice = await #expect(throws: HopStoreError.self) { try await store.recordUnhop(runID: run.id, token: token) }
-        #expect(twice?.kind == .refused)
+        let twice = await #expect(throws: HopError.self) { try await store.recordUnhop(runID: run.id, token: token) }
+        #expect(twice?.code == .refused)
         #expect(twice?.description.contains("already unhopped") == true)
         #expect(try await store.history(runID: run.id).map(\.kind) == [.hop, .unhop])
     }
@@ -75,10 +75,10 @@ import Testing
         let (run, _) = try await store.startRun(flow: "startup", subject: "default", version: "1")
         let hop = try await store.recordHop(runID: run.id, step: "onboarding", parks: true)
         try await store.cancelRun(flow: "startup", subject: "default")
-        let error = await #expect(throws: HopStoreError.self) { try await store.recordUnhop(runID: run.id, token: hop.token ?? "") }
-        #expect(error?.kind == .refused)
+        let error = await #expect(throws: HopError.self) { try await store.recordUnhop(runID: run.id, token: hop.token ?? "") }
+        #expect(error?.code == .refused)
         #expect(error?.description.contains("cancelled") == true)
-        await #expect(throws: HopStoreError.self) { try await store.recordHop(runID: run.id, step: "main") }
+        await #expect(throws: HopError.self) { try await store.recordHop(runID: run.id, step: "main") }
         #expect(try await store.history(runID: run.id).map(\.kind) == [.hop, .cancel])
     }
 
@@ -100,10 +100,10 @@ import Testing
         let store = try await HopStore.open(path: folder.database)
         let (run, _) = try await store.startRun(flow: "startup", subject: "default", version: "1")
         try await store.recordHop(runID: run.id, step: "splash")
-        let busy = await #expect(throws: HopStoreError.self) { try await store.unhopParked(flow: "startup", subject: "default", step: "splash") }
+        let busy = await #expect(throws: HopError.self) { try await store.unhopParked(flow: "startup", subject: "default", step: "splash") }
         #expect(busy?.description.contains("executing in the daemon") == true)
-        let missing = await #expect(throws: HopStoreError.self) { try await store.unhopParked(flow: "startup", subject: "nobody", step: "splash") }
-        #expect(missing?.kind == .notFound)
+        let missing = await #expect(throws: HopError.self) { try await store.unhopParked(flow: "startup", subject: "nobody", step: "splash") }
+        #expect(missing?.code == .notFound)
     }
 
     @Test func aRetriedUnhopNeverFinishesTheNextStepAndALoginStepWaitsForASession() async throws {
@@ -115,12 +115,12 @@ import Testing
         // The retry of the same command: the run has moved on and is parked on login now.
         try await store.recordHop(runID: run.id, step: "login", parks: true, wakeOn: .sessionStored)
         let before = try await store.history(runID: run.id)
-        let retried = await #expect(throws: HopStoreError.self) {
+        let retried = await #expect(throws: HopError.self) {
             try await store.unhopParked(flow: "startup", subject: "default", step: "onboarding")
         }
-        #expect(retried?.kind == .refused)
+        #expect(retried?.code == .refused)
         #expect(retried?.description.contains("is not parked on 'onboarding': it is parked on 'login'") == true, "\(retried!)")
-        let login = await #expect(throws: HopStoreError.self) { try await store.unhopParked(flow: "startup", subject: "default", step: "login") }
+        let login = await #expect(throws: HopError.self) { try await store.unhopParked(flow: "startup", subject: "default", step: "login") }
         #expect(login?.description.contains("hopctl session login") == true, "\(login!)")
         #expect(try await store.history(runID: run.id) == before, "a refusal changes nothing")
         #expect(try await store.run(id: run.id)?.currentStep == "login")

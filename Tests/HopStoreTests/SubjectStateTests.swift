@@ -1,5 +1,5 @@
 import Foundation
-import HopTestSupport
+import HopStoreTestSupport
 import Testing
 
 @testable import HopStore
@@ -98,12 +98,12 @@ import Testing
         let name = Self.hostileIdentifiers[index]
         let folder = try TemporaryDirectory()
         let store = try await HopStore.open(path: folder.database)
-        let error = await #expect(throws: HopStoreError.self) {
+        let error = await #expect(throws: HopError.self) {
             try await store.startRun(flow: "startup", subject: name, version: "1")
         }
-        #expect(error?.kind == .invalidInput)
+        #expect(error?.code == .invalidInput)
         #expect(error?.description.contains("subject") == true)
-        await #expect(throws: HopStoreError.self) { try await store.markUsed(subject: "default", feature: name) }
+        await #expect(throws: HopError.self) { try await store.markUsed(subject: "default", feature: name) }
         #expect(try await store.runs().isEmpty)
         #expect(try await store.firstUseFlags(subject: "default").isEmpty)
     }

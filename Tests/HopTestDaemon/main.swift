@@ -157,7 +157,7 @@ do {
         }
         engine.register(step: "login") { step in
             noteBody(step)
-            try await step.store.storeSession(subject: step.subject, userID: "alice", token: "token-of-alice")
+            try await step.storeSession(userID: "alice", token: "token-of-alice")
             try await step.unhop(output: ["userID": "alice"])
         }
     }
@@ -189,7 +189,7 @@ do {
         let subjects: [String] = (0..<options.mixed).map { "mixed-\($0)" }
         try await serve(engine, flow: "mixed", subjects: subjects) { runIDs in
             for runID in runIDs {
-                let history: [HistoryEvent] = try await store.history(runID: runID)
+                let history: [HistoryEntry] = try await store.history(runID: runID)
                 if !history.contains(where: { $0.kind == .hop || $0.kind == .timer }) { return false }
             }
             return true

@@ -117,6 +117,6 @@ import Testing
             let result = try await hopctl(["session", "login", "bob", "--subject", subject], in: folder)
             #expect(result.status == 0, "subject \(subject): \(result.stderr)")
         }
-        #expect(throws: HopStoreError.self) { try Identifier.validate("evil\u{202E}", as: "subject") }
+        #expect(throws: HopError.self) { try Identifier.validate("evil\u{202E}", as: "subject") }
     }
 }

@@ -93,10 +93,10 @@ import Testing
         let store = try await HopStore.open(path: folder.database)
         let run = try await store.startRun(flow: "startup", subject: "default", version: "1").run
         try await store.recordHop(runID: run.id, step: "login", parks: true, wakeOn: .sessionStored)
-        let refused = await #expect(throws: HopStoreError.self) {
+        let refused = await #expect(throws: HopError.self) {
             try await store.storeSession(subject: "default", userID: "bob", token: "t", expiresAt: Date().addingTimeInterval(-1))
         }
-        #expect(refused?.kind == .invalidInput)
+        #expect(refused?.code == .invalidInput)
         #expect(try await store.run(id: run.id)?.status == .parked, "an expired session woke the login step")
         #expect(try await store.session(subject: "default") == nil)
     }

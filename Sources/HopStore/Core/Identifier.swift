@@ -9,7 +9,7 @@ public enum Identifier {
     /// symbols and spaces of any script, but no control or format characters (U+202E right-to-left
     /// override, U+200B zero-width space…) nor line or paragraph separators, which would let one
     /// name pose as another in a table.
-    /// - Throws: ``HopStoreError`` of kind `.invalidInput`, naming `what` and the rule.
+    /// - Throws: ``HopError`` of kind `.invalidInput`, naming `what` and the rule.
     public static func validate(_ value: String, as what: String, path: String = "") throws {
         let bytes = value.utf8.count
         var problem: String?
@@ -22,7 +22,7 @@ public enum Identifier {
             problem = "it contains \(code), \(scalar.properties.generalCategory == .control ? "a control" : "an invisible formatting") character"
         }
         if let problem {
-            throw HopStoreError(
+            throw HopError(
                 .invalidInput, operation: "check \(what)", path: path,
                 reason: "the \(what) is not a valid identifier: \(problem)",
                 hint: "Use 1 to \(maximumLength) bytes of printable text")

@@ -69,24 +69,3 @@ extension RunRecord {
         return leaseExpiresAt >= now
     }
 }
-
-extension RunRecord {
-    static let columns =
-        "id, flow, subject, flow_version, status, current_step, current_token, wake_on, owner, lease_expires_at, created_at, updated_at, wake_at"
-
-    init(row: Row) {
-        id = row.int64(0)
-        flow = row.text(1)
-        subject = row.text(2)
-        flowVersion = row.text(3)
-        status = RunStatus(rawValue: row.text(4)) ?? .failed
-        currentStep = row.optionalText(5)
-        currentToken = row.optionalText(6)
-        wakeOn = row.optionalText(7).flatMap(WakeCondition.init(rawValue:))
-        owner = row.optionalText(8)
-        leaseExpiresAt = row.optionalInt64(9).map(Clock.date)
-        createdAt = Clock.date(row.int64(10))
-        updatedAt = Clock.date(row.int64(11))
-        wakeAt = row.optionalInt64(12).map(Clock.date)
-    }
-}

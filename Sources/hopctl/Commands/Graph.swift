@@ -28,7 +28,7 @@ struct Graph: AsyncParsableCommand {
         let edges = try await store.hopGraph(flow: flow)
         if output.json { return try Output.json(edges.map { EdgeJSON(from: $0.from, to: $0.to, count: $0.count) }) }
         guard !edges.isEmpty else {
-            throw HopStoreError(
+            throw HopError(
                 .notFound, operation: "graph", path: store.path, reason: "no run of flow '\(flow)' has hopped yet",
                 hint: "Check the flow name with `hopctl status`")
         }

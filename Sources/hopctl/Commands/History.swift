@@ -31,7 +31,7 @@ struct History: AsyncParsableCommand {
         if let run {
             record = try await store.run(id: run)
             if let record, record.flow != flow || record.subject != subject {
-                throw HopStoreError(
+                throw HopError(
                     .notFound, operation: "history", path: store.path,
                     reason: "run \(run) belongs to flow '\(record.flow)' for subject '\(record.subject)', not '\(flow)' for '\(subject)'",
                     hint: "Pass the matching --flow and --subject")
@@ -41,7 +41,7 @@ struct History: AsyncParsableCommand {
         }
         guard let record else {
             if run == nil { try await requireFlow(flow, in: store, operation: "history") }
-            throw HopStoreError(
+            throw HopError(
                 .notFound, operation: "history", path: store.path,
                 reason: run.map { "there is no run \($0)" } ?? "there is no run of flow '\(flow)' for subject '\(subject)'",
                 hint: "List runs with `hopctl status --flow \(flow)`")

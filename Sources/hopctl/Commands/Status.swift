@@ -46,7 +46,7 @@ struct Status: AsyncParsableCommand {
 func requireFlow(_ flow: String, in store: HopStore, operation: String) async throws {
     let flows = try await store.flowNames()
     guard !flows.contains(flow) else { return }
-    throw HopStoreError(
+    throw HopError(
         .notFound, operation: operation, path: store.path, reason: "there is no run of flow '\(flow)'",
         hint: flows.isEmpty ? "No flow has run here yet" : "The flows here: \(flows.joined(separator: ", ")) (see `hopctl status`)")
 }

@@ -36,7 +36,7 @@ struct Unhop: AsyncParsableCommand {
         if let output {
             do {
                 try JSONText.validate(output, as: "--output value")
-            } catch let error as HopStoreError {
+            } catch let error as HopError {
                 throw ValidationError("\(error.reason). \(error.hint ?? "")")
             }
         }

@@ -66,7 +66,7 @@ struct HistoryJSON: Encodable {
         var value: JSONValue?
         var at: Date
 
-        init(_ event: HistoryEvent) {
+        init(_ event: HistoryEntry) {
             seq = event.seq
             kind = event.kind.rawValue
             step = event.step

@@ -9,7 +9,6 @@ final class Connection {
     let path: String
     private let handle: OpaquePointer
     private var cache: [String: Statement] = [:]
-    private(set) var isInTransaction = false
 
     /// Whether this connection created the database file (it was missing).
     let createdFile: Bool
@@ -64,13 +63,13 @@ final class Connection {
             do {
                 let mode = try query("PRAGMA journal_mode = WAL", [], operation: "open") { $0.text(0) }.first
                 guard mode?.lowercased() == "wal" else {
-                    throw HopStoreError(
+                    throw HopError(
                         .ioFailure, operation: "open", path: path,
                         reason: "the database could not be switched to WAL journaling (it reports \(mode ?? "nothing"))",
                         hint: "Put the database on a local file system that supports shared memory")
                 }
                 return
-            } catch let error as HopStoreError where error.kind == .busy && ContinuousClock.now < deadline {
+            } catch let error as HopError where error.code == .busy && ContinuousClock.now < deadline {
                 usleep(2_000)
             }
         }
@@ -144,8 +143,6 @@ final class Connection {
     @discardableResult
     func write<T>(_ operation: String, _ body: () throws -> T) throws -> T {
         try execute("BEGIN IMMEDIATE", operation: operation)
-        isInTransaction = true
-        defer { isInTransaction = false }
         let result: T
         do {
             result = try body()
@@ -175,13 +172,13 @@ final class Connection {
 
     // MARK: Errors
 
-    private func failure(_ code: Int32, operation: String) -> HopStoreError {
+    private func failure(_ code: Int32, operation: String) -> HopError {
         Self.error(code: code, message: String(cString: sqlite3_errmsg(handle)), operation: operation, path: path)
     }
 
-    static func error(code: Int32, message: String, operation: String, path: String) -> HopStoreError {
+    static func error(code: Int32, message: String, operation: String, path: String) -> HopError {
         let primary = code & 0xff
-        let kind: HopStoreError.Kind
+        let kind: HopError.Code
         let reason: String
         let hint: String?
         switch primary {
@@ -214,6 +211,6 @@ final class Connection {
             reason = "SQLite reported an error"
             hint = nil
         }
-        return HopStoreError(kind, operation: operation, path: path, reason: reason, hint: hint, resultCode: code, sqliteMessage: message)
+        return HopError(kind, operation: operation, path: path, reason: reason, hint: hint, resultCode: code, sqliteMessage: message)
     }
 }

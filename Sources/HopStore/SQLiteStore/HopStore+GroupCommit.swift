@@ -27,7 +27,7 @@ extension HopStore {
     func transaction<T: Sendable>(_ operation: String, _ body: @escaping () throws -> T) async throws -> T {
         try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<T, any Error>) in
             var result: Result<T, any Error> = .failure(
-                HopStoreError(.sqlite, operation: operation, path: path, reason: "the write was not applied"))
+                HopError(.sqlite, operation: operation, path: path, reason: "the write was not applied"))
             pending.append(
                 PendingWrite(
                     operation: operation,

@@ -80,7 +80,7 @@ public actor HopStore {
     /// Opens (and by default creates and migrates) the database at `path`, or at
     /// ``DatabaseLocation/defaultPath(environment:)`` when `path` is `nil`.
     ///
-    /// - Throws: ``HopStoreError``: `.cannotOpen` for a folder or an unwritable place, `.missing`
+    /// - Throws: ``HopError``: `.cannotOpen` for a folder or an unwritable place, `.missing`
     ///   when `createIfMissing` is off and there is no file, `.notADatabase`, `.schemaTooNew`,
     ///   `.migrationEdited`, `.schemaOutdated` when `migrate` is off. Nothing is changed then.
     public static func open(
@@ -117,7 +117,7 @@ public actor HopStore {
 
     /// A number that changes whenever another connection commits to the database
     /// (`PRAGMA data_version`): a cheap way to notice changes made by other processes.
-    public func dataVersion() throws -> Int64 {
+    package func dataVersion() throws -> Int64 {
         try connection.queryOne("PRAGMA data_version", [], operation: "read data version") { $0.int64(0) } ?? 0
     }
 
@@ -132,8 +132,8 @@ public actor HopStore {
         try Identifier.validate(value, as: what, path: path)
     }
 
-    func refuse(_ kind: HopStoreError.Kind, _ operation: String, _ reason: String, hint: String? = nil) -> HopStoreError {
-        HopStoreError(kind, operation: operation, path: path, reason: reason, hint: hint)
+    func refuse(_ kind: HopError.Code, _ operation: String, _ reason: String, hint: String? = nil) -> HopError {
+        HopError(kind, operation: operation, path: path, reason: reason, hint: hint)
     }
 }
 
@@ -149,4 +149,12 @@ extension HopStore {
     public func checkpoint() throws {
         try connection.execute("PRAGMA wal_checkpoint(TRUNCATE)", operation: "checkpoint")
     }
+}
+
+extension HopStore: HopStorage {
+    /// The database file.
+    package nonisolated var location: String { path }
+
+    /// ``dataVersion()``: SQLite counts other connections' commits.
+    package func changeVersion() throws -> Int64 { try dataVersion() }
 }

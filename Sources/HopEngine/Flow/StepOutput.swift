@@ -1,34 +1,8 @@
-import Foundation
-
-/// JSON as Hop stores it: step outputs and decision values.
-enum JSONCoding {
-    static func encode(_ value: some Encodable) throws -> String {
-        do {
-            let encoder = JSONEncoder()
-            encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
-            encoder.dateEncodingStrategy = .millisecondsSince1970
-            return String(decoding: try encoder.encode(value), as: UTF8.self)
-        } catch {
-            throw HopEngineError(.encoding, "cannot encode \(type(of: value)) as JSON: \(error)")
-        }
-    }
-
-    static func decode<T: Decodable>(_ type: T.Type, from json: String, what: String) throws -> T {
-        do {
-            let decoder = JSONDecoder()
-            decoder.dateDecodingStrategy = .millisecondsSince1970
-            return try decoder.decode(type, from: Data(json.utf8))
-        } catch {
-            throw HopEngineError(.encoding, "cannot decode \(what) as \(type): \(error)")
-        }
-    }
-}
-
 /// How a hop ended.
 public enum StepEnding: Sendable, Equatable {
     /// The step unhopped.
     case unhopped
-    /// The step's deadline passed first (see ``FlowRun/hop(to:timeout:transition:)``).
+    /// The step's deadline passed first (see ``FlowContext/hop(to:timeout:transition:)``).
     case timedOut
     /// A change of stored state ended the step (e.g. a logout ended a `main` step declared
     /// with `.external(unhopWhen: .sessionRemoved)`); the flow should take another path.

@@ -134,7 +134,7 @@ extension HopStore {
     ///
     /// - Returns: the ids of the runs it re-routed.
     @discardableResult
-    public func expireSessions(now: Date = Date()) async throws -> [Int64] {
+    package func expireSessions(now: Date = Date()) async throws -> [Int64] {
         let due = Clock.milliseconds(now)
         let query = "SELECT subject FROM sessions WHERE expires_at <= ?1"
         guard try !connection.query(query, [.integer(due)], operation: "read expired sessions", { $0.text(0) }).isEmpty else { return [] }
@@ -161,7 +161,7 @@ extension HopStore {
         subject: String, wakeOn: WakeCondition, kind: HistoryKind, value: [String: String], operation: String
     ) throws -> [Int64] {
         let waiting = try connection.query(
-            "SELECT \(RunRecord.columns) FROM runs WHERE subject = ?1 AND status = 'parked' AND wake_on = ?2",
+            "SELECT \(RunRecord.columns) FROM runs WHERE subject = ?1 AND status = \(RunStatus.parked.sql) AND wake_on = ?2",
             [.text(subject), .text(wakeOn.rawValue)], operation: operation, RunRecord.init(row:))
         let json = String(decoding: try JSONEncoder().encode(value), as: UTF8.self)
         for run in waiting {

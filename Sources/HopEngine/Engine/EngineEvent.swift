@@ -8,7 +8,7 @@ public enum EngineEvent: Sendable {
     /// About to commit a history entry of `kind` for `step` (a step, decision or effect name).
     case willRecord(run: RunRef, kind: HistoryKind, step: String?)
     /// A history entry was committed.
-    case recorded(run: RunRef, event: HistoryEvent)
+    case recorded(run: RunRef, event: HistoryEntry)
     /// The engine started executing a run; `replaying` counts the history entries it will replay.
     case executing(run: RunRef, replaying: Int)
     /// The engine stopped executing a run: it is parked, finished, or the engine is shutting down.

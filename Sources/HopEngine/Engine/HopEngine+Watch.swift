@@ -1,5 +1,4 @@
 import Foundation
-import HopStore
 import Logging
 import ServiceLifecycle
 
@@ -21,8 +20,8 @@ extension HopEngine: Service {
     public func run() async throws {
         try await expireSessions()  // sessions that expired while no daemon ran end their steps now
         try await resumeAll()
-        notify(.ready)
-        logger.info("engine running", metadata: ["hop.db": "\(store.path)", "hop.engine": "\(id)", "hop.flows": "\(flowNames.joined(separator: ","))"])
+        environment.notify(.ready)
+        logger.info("engine running", metadata: ["hop.db": "\(storage.location)", "hop.engine": "\(id)", "hop.flows": "\(environment.flowNames.joined(separator: ","))"])
         await cancelWhenGracefulShutdown {
             await self.watch()
         }
@@ -31,7 +30,7 @@ extension HopEngine: Service {
     }
 
     private func watch() async {
-        var seen = (try? await store.dataVersion()) ?? 0
+        var seen = (try? await storage.changeVersion()) ?? 0
         let renewEvery = configuration.leaseDuration / 3
         var lastRenewal = ContinuousClock.now
         while !Task.isCancelled {
@@ -39,14 +38,14 @@ extension HopEngine: Service {
                 try await Task.sleep(for: configuration.pollInterval)
                 try await timeOutDueSteps()
                 try await expireSessions()
-                let version = try await store.dataVersion()
+                let version = try await storage.changeVersion()
                 let renew = ContinuousClock.now - lastRenewal >= renewEvery
                 if renew {
                     lastRenewal = ContinuousClock.now
-                    let held = holdings.withLock { Array($0.held) }
-                    try await store.renewLeases(owner: id, runIDs: held, until: leaseEnd)
+                    let held = environment.holdings.withLock { Array($0.held) }
+                    try await storage.renewLeases(owner: id, runIDs: held, until: environment.leaseEnd)
                 }
-                let released = try await releaseRunsOfDeadEngines()
+                let released = try await environment.releaseRunsOfDeadEngines()
                 if version != seen || renew || released > 0 {
                     seen = version
                     try await stopRunsFinishedElsewhere()
@@ -62,25 +61,25 @@ extension HopEngine: Service {
 
     /// Ends the parked steps whose deadline passed, exactly once each, and moves their runs on.
     private func timeOutDueSteps() async throws {
-        for run in try await store.dueTimeouts() where flow(named: run.flow) != nil {
+        for run in try await storage.dueTimeouts(now: Date()) where environment.flow(named: run.flow) != nil {
             guard let token = run.currentToken else { continue }
             do {
-                let event = try await store.recordTimeout(runID: run.id, token: token)
-                notify(.recorded(run: ref(run), event: event))
-                logger.info("step timed out", metadata: metadata(run, step: run.currentStep))
-            } catch let error as HopStoreError where error.kind == .refused {
+                let entry = try await storage.recordTimeout(runID: run.id, token: token, owner: nil)
+                environment.notify(.recorded(run: environment.ref(run), event: entry))
+                logger.info("step timed out", metadata: environment.metadata(run, step: run.currentStep))
+            } catch let error as HopError where error.code == .refused {
                 continue  // unhopped, or timed out by another engine, in the meantime
             }
-            if let updated = try await store.run(id: run.id) { execute(updated) }
+            if let updated = try await storage.run(id: run.id) { execute(updated) }
         }
     }
 
     /// Removes the sessions whose expiry has come and moves on the runs whose step lasted only
     /// while a session was stored (re-routed, as by a logout).
     private func expireSessions() async throws {
-        for runID in try await store.expireSessions() {
-            if let run = try await store.run(id: runID) {
-                logger.info("session expired; its step is re-routed", metadata: metadata(run, step: run.currentStep))
+        for runID in try await storage.expireSessions(now: Date()) {
+            if let run = try await storage.run(id: runID) {
+                logger.info("session expired; its step is re-routed", metadata: environment.metadata(run, step: run.currentStep))
                 execute(run)
             }
         }
@@ -90,25 +89,18 @@ extension HopEngine: Service {
     /// engine held but lost to another (it was frozen past its lease): those write nothing more.
     private func stopRunsFinishedElsewhere() async throws {
         guard !executing.isEmpty else { return }
-        for (runID, stored) in try await store.statuses(of: Array(executing.keys)) {
+        for (runID, stored) in try await storage.statuses(of: Array(executing.keys)) {
             if !stored.status.isUnfinished {
                 executing[runID]?.cancel()
                 logger.info(
                     "run was ended by another process; its step is cancelled",
                     metadata: ["hop.run": "\(runID)", "hop.status": "\(stored.status.rawValue)"])
-            } else if stored.owner != id, holdings.withLock({ $0.lose(runID) }) {
+            } else if stored.owner != id, environment.holdings.withLock({ $0.lose(runID) }) {
                 executing[runID]?.cancel()
                 logger.warning(
                     "lost the lease on a run to another engine (this one was stalled past its lease); stopped executing it, writing nothing more",
                     metadata: ["hop.run": "\(runID)", "hop.owner": "\(stored.owner.map(Incarnation.label(of:)) ?? "none")"])
             }
         }
-    }
-
-    /// Cancels every run this engine executes and waits until they have stopped.
-    public func stopExecuting() async {
-        let tasks = Array(executing.values)
-        for task in tasks { task.cancel() }
-        for task in tasks { await task.value }
     }
 }

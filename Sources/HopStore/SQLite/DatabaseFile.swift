@@ -25,7 +25,7 @@ enum DatabaseFile {
             let error = errno
             guard error == ENOENT else { throw openFailure(path, errno: error) }
             guard create else {
-                throw HopStoreError(
+                throw HopError(
                     .missing, operation: "open", path: path, reason: "no database exists at this path",
                     hint: "Check --db or $HOP_DB, or create it with `hopctl migrate`")
             }
@@ -44,7 +44,7 @@ enum DatabaseFile {
         guard lstat(path, &info) == 0, info.st_mode & S_IFMT == S_IFREG, info.st_size == 0 else { return error }
         unlink(path)
         for suffix in companions { unlink(path + suffix) }
-        guard var error = error as? HopStoreError else { return error }
+        guard var error = error as? HopError else { return error }
         error.hint = [error.hint, "The empty file it had created was removed"].compactMap { $0 }.joined(separator: ". ")
         return error
     }
@@ -91,7 +91,7 @@ enum DatabaseFile {
                 try FileManager.default.createDirectory(
                     atPath: folder, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
             } catch {
-                throw HopStoreError(
+                throw HopError(
                     .cannotOpen, operation: "create database", path: path,
                     reason: "its folder \(folder) cannot be created (\(error.localizedDescription))",
                     hint: "Create the folder, or choose a writable path with --db or $HOP_DB")
@@ -108,7 +108,7 @@ enum DatabaseFile {
                 return false
             }
             if error == EACCES { throw openFailure(path, errno: error) }
-            throw HopStoreError(
+            throw HopError(
                 .cannotOpen, operation: "create database", path: path,
                 reason: "the file cannot be created (\(String(cString: strerror(error))))",
                 hint: "Check that the folder is writable and the disk not full, or choose another path with --db or $HOP_DB")
@@ -118,28 +118,28 @@ enum DatabaseFile {
         return true
     }
 
-    private static func openFailure(_ path: String, errno code: Int32, info: stat? = nil) -> HopStoreError {
+    private static func openFailure(_ path: String, errno code: Int32, info: stat? = nil) -> HopError {
         guard code == EACCES || code == EPERM else {
-            return HopStoreError(
+            return HopError(
                 .cannotOpen, operation: "open", path: path, reason: "the database cannot be opened (\(String(cString: strerror(code))))",
                 hint: "Check the path and its folder")
         }
         var known = stat()
         let details = info ?? (lstat(path, &known) == 0 ? known : nil)
         guard let details else {
-            return HopStoreError(
+            return HopError(
                 .cannotOpen, operation: "open", path: path, reason: "permission denied: this user cannot reach the database's folder",
                 hint: "Run as the user that owns the daemon's state, e.g. `sudo -u USER hopctl …`")
         }
         let owner = userName(details.st_uid)
-        return HopStoreError(
+        return HopError(
             .cannotOpen, operation: "open", path: path,
             reason: "permission denied: the database belongs to \(owner) (mode \(String(details.st_mode & 0o777, radix: 8))) and this user may not read and write it",
             hint: "Run as its owner, e.g. `sudo -u \(owner) hopctl …`")
     }
 
-    private static func refusal(_ path: String, _ reason: String, hint: String) -> HopStoreError {
-        HopStoreError(.cannotOpen, operation: "open", path: path, reason: reason, hint: hint)
+    private static func refusal(_ path: String, _ reason: String, hint: String) -> HopError {
+        HopError(.cannotOpen, operation: "open", path: path, reason: reason, hint: hint)
     }
 
     private static func userName(_ uid: uid_t) -> String {

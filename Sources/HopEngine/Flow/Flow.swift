@@ -1,8 +1,8 @@
 /// A flow: the one place that owns a whole conditional sequence of hops.
 ///
 /// The body runs from the top every time its run is executed — at start, after a crash,
-/// after an external unhop. Everything it asks of its ``FlowRun`` is recorded the first
-/// time and replayed afterwards, so the body must reach its hops only through `FlowRun`
+/// after an external unhop. Everything it asks of its ``FlowContext`` is recorded the first
+/// time and replayed afterwards, so the body must reach its hops only through `FlowContext`
 /// (keep other side effects in steps) and must not catch and swallow errors that `hop` throws.
 ///
 /// ```swift
@@ -25,11 +25,11 @@ public struct Flow: Sendable {
     public let version: String
     /// Runs around every hop of the flow before the hop counts as entered (see ``Transition``).
     public let transition: (@Sendable (Transition) async throws -> Void)?
-    let body: @Sendable (FlowRun) async throws -> Void
+    let body: @Sendable (FlowContext) async throws -> Void
 
     public init(
         _ name: String, version: String, transition: (@Sendable (Transition) async throws -> Void)? = nil,
-        _ body: @escaping @Sendable (FlowRun) async throws -> Void
+        _ body: @escaping @Sendable (FlowContext) async throws -> Void
     ) {
         self.name = name
         self.version = version
@@ -37,30 +37,3 @@ public struct Flow: Sendable {
         self.body = body
     }
 }
-
-/// A hop about to happen: CLHoppingViewController's custom transition block (from, to, completion).
-/// The hop is recorded as entered only once the transition hook returns.
-public struct Transition: Sendable {
-    /// The flow name.
-    public let flow: String
-    /// Whom the run is for.
-    public let subject: String
-    /// The run id.
-    public let runID: Int64
-    /// The step the run last entered, `nil` at the start of the run.
-    public let from: String?
-    /// The step about to be entered.
-    public let to: String
-}
-
-/// What a flow knows about a stored session, as recorded in history: never the token.
-public struct SessionInfo: Sendable, Codable, Equatable {
-    /// The user the session belongs to.
-    public var userID: String
-    /// When the session was stored.
-    public var createdAt: Date
-    /// When it stops counting as stored; `nil` for never.
-    public var expiresAt: Date?
-}
-
-import Foundation

@@ -47,7 +47,7 @@ public enum HistoryKind: String, Sendable, Codable, CaseIterable {
 }
 
 /// One entry of a run's append-only hop history.
-public struct HistoryEvent: Sendable, Equatable, Codable {
+public struct HistoryEntry: Sendable, Equatable, Codable {
     /// The run the entry belongs to.
     public var runID: Int64
     /// 1, 2, 3… within the run.
@@ -62,18 +62,4 @@ public struct HistoryEvent: Sendable, Equatable, Codable {
     public var value: String?
     /// When it was committed.
     public var at: Date
-}
-
-extension HistoryEvent {
-    static let columns = "run_id, seq, kind, step, token, value, at"
-
-    init(row: Row) {
-        runID = row.int64(0)
-        seq = row.int64(1)
-        kind = HistoryKind(rawValue: row.text(2)) ?? .error
-        step = row.optionalText(3)
-        token = row.optionalText(4)
-        value = row.optionalText(5)
-        at = Clock.date(row.int64(6))
-    }
 }

@@ -3,14 +3,14 @@ import Foundation
 extension HopStore {
     /// A new engine incarnation labelled `label`, holding the liveness lock beside this database
     /// (see ``Incarnation``). Keep it for as long as the engine executes runs.
-    public nonisolated func makeIncarnation(label: String) -> Incarnation {
+    package nonisolated func makeIncarnation(label: String) -> Incarnation {
         Incarnation(label: label, databasePath: path)
     }
 
     /// Takes run `runID` for the incarnation `owner` until `until`, unless another incarnation
     /// holds a live lease on it. Returns the run when taken, `nil` when it is held elsewhere or
     /// finished. When the run changes hands, a `takeover` entry records it in the run's history.
-    public func claim(runID: Int64, owner: String, until: Date) async throws -> RunRecord? {
+    package func claim(runID: Int64, owner: String, until: Date) async throws -> RunRecord? {
         let operation = "claim run \(runID)"
         return try await transaction(operation) { [self] in
             try claimLocked(selection: "id = ?1", [.integer(runID)], owner: owner, until: until, operation: operation).first
@@ -19,7 +19,7 @@ extension HopStore {
 
     /// Takes every run of `runIDs` that no other incarnation holds for `owner` until `until`, in
     /// one transaction; returns the runs taken, as stored (a resuming engine claims its runs so).
-    public func claim(runIDs: [Int64], owner: String, until: Date) async throws -> [RunRecord] {
+    package func claim(runIDs: [Int64], owner: String, until: Date) async throws -> [RunRecord] {
         guard !runIDs.isEmpty else { return [] }
         let operation = "claim \(runIDs.count) runs"
         return try await transaction(operation) { [self] in
@@ -33,11 +33,11 @@ extension HopStore {
     /// owner, the claimer itself, or an expired lease. Records a takeover where one changes hands.
     private func claimLocked(selection: String, _ selected: [SQLValue], owner: String, until: Date, operation: String) throws -> [RunRecord] {
         let now = Clock.nowMilliseconds()
-        let claimable = "\(selection) AND status = 'running' AND (owner IS NULL OR owner = ?2 OR lease_expires_at < ?3)"
+        let claimable = "\(selection) AND status = \(RunStatus.running.sql) AND (owner IS NULL OR owner = ?2 OR lease_expires_at < ?3)"
         try connection.run(
             """
             INSERT INTO history (run_id, seq, kind, step, value, at)
-            SELECT id, coalesce((SELECT max(seq) FROM history WHERE run_id = runs.id), 0) + 1, 'takeover', ?4,
+            SELECT id, coalesce((SELECT max(seq) FROM history WHERE run_id = runs.id), 0) + 1, \(HistoryKind.takeover.sql), ?4,
                 json_object('from', last_owner, 'to', ?2), ?3
             FROM runs WHERE \(claimable) AND last_owner IS NOT NULL AND last_owner != ?2
             """,
@@ -55,7 +55,7 @@ extension HopStore {
     /// statement; returns the runs whose lease was extended. A run missing from the result is
     /// no longer the owner's: it finished, parked, or another incarnation took it over.
     @discardableResult
-    public func renewLeases(owner: String, runIDs: [Int64], until: Date) async throws -> Set<Int64> {
+    package func renewLeases(owner: String, runIDs: [Int64], until: Date) async throws -> Set<Int64> {
         guard !runIDs.isEmpty else { return [] }
         let operation = "renew leases"
         return try await transaction(operation) { [self] in
@@ -63,7 +63,7 @@ extension HopStore {
                 try connection.query(
                     """
                     UPDATE runs SET lease_expires_at = ?3
-                    WHERE id IN (SELECT value FROM json_each(?1)) AND owner = ?2 AND status = 'running'
+                    WHERE id IN (SELECT value FROM json_each(?1)) AND owner = ?2 AND status = \(RunStatus.running.sql)
                     RETURNING id
                     """,
                     [.text(Self.jsonList(runIDs)), .text(owner), .integer(Clock.milliseconds(until))], operation: operation
@@ -72,7 +72,7 @@ extension HopStore {
     }
 
     /// Gives up `owner`'s lease on run `runID`, so another engine may take it at once.
-    public func release(runID: Int64, owner: String) async throws {
+    package func release(runID: Int64, owner: String) async throws {
         try await transaction("release run \(runID)") { [self] in
             try connection.run(
                 "UPDATE runs SET owner = NULL, lease_expires_at = NULL WHERE id = ?1 AND owner = ?2",
@@ -84,7 +84,7 @@ extension HopStore {
     /// releases the runs they held, so that any engine may claim them at once, and forgets them.
     /// Returns the dead incarnations' owner values with the number of runs each held.
     @discardableResult
-    public func releaseRunsOfDeadIncarnations(except own: Incarnation) async throws -> [(owner: String, runs: Int)] {
+    package func releaseRunsOfDeadIncarnations(except own: Incarnation) async throws -> [(owner: String, runs: Int)] {
         var released: [(owner: String, runs: Int)] = []
         let locks = LivenessLocks(databasePath: path)
         let dead = locks.dead(except: own.id)
@@ -99,7 +99,7 @@ extension HopStore {
                 let operation = "release the runs of dead engine \(entry.owner)"
                 let count = try await transaction(operation) { [self] in
                     try connection.run(
-                        "UPDATE runs SET owner = NULL, lease_expires_at = NULL WHERE owner = ?1 AND status = 'running'",
+                        "UPDATE runs SET owner = NULL, lease_expires_at = NULL WHERE owner = ?1 AND status = \(RunStatus.running.sql)",
                         [.text(entry.owner)], operation: operation)
                 }
                 released.append((entry.owner, count))
@@ -110,13 +110,13 @@ extension HopStore {
     }
 
     /// Unfinished, unparked runs of `flows` that no engine holds (no owner, or an expired lease), oldest first.
-    public func claimableRuns(flows: [String], now: Date = Date()) throws -> [RunRecord] {
+    package func claimableRuns(flows: [String], now: Date = Date()) throws -> [RunRecord] {
         var runs: [RunRecord] = []
         for flow in flows {
             runs += try connection.query(
                 """
                 SELECT \(RunRecord.columns) FROM runs
-                WHERE status = 'running' AND flow = ?1 AND (owner IS NULL OR lease_expires_at < ?2)
+                WHERE status = \(RunStatus.running.sql) AND flow = ?1 AND (owner IS NULL OR lease_expires_at < ?2)
                 ORDER BY id
                 """,
                 [.text(flow), .integer(Clock.milliseconds(now))], operation: "list runs to resume of \(flow)", RunRecord.init(row:))
@@ -125,14 +125,14 @@ extension HopStore {
     }
 
     /// Parked runs whose step's deadline has passed.
-    public func dueTimeouts(now: Date = Date()) throws -> [RunRecord] {
+    package func dueTimeouts(now: Date = Date()) throws -> [RunRecord] {
         try connection.query(
-            "SELECT \(RunRecord.columns) FROM runs WHERE wake_at <= ?1 AND status = 'parked' ORDER BY wake_at",
+            "SELECT \(RunRecord.columns) FROM runs WHERE wake_at <= ?1 AND status = \(RunStatus.parked.sql) ORDER BY wake_at",
             [.integer(Clock.milliseconds(now))], operation: "list due timeouts", RunRecord.init(row:))
     }
 
     /// The status and owner of each of `runIDs` that still exists.
-    public func statuses(of runIDs: [Int64]) throws -> [Int64: (status: RunStatus, owner: String?)] {
+    package func statuses(of runIDs: [Int64]) throws -> [Int64: (status: RunStatus, owner: String?)] {
         guard !runIDs.isEmpty else { return [:] }
         let rows = try connection.query(
             "SELECT id, status, owner FROM runs WHERE id IN (SELECT value FROM json_each(?1))", [.text(Self.jsonList(runIDs))],

@@ -1,0 +1,34 @@
+import CoreMetrics
+
+extension HopEngine {
+    /// How an engine behaves.
+    public struct Configuration: Sendable {
+        /// How often the engine checks the database for changes made by other processes
+        /// (an unhop, a cancellation, a logout by `hopctl`) and for steps whose deadline passed.
+        public var pollInterval: Duration = .milliseconds(50)
+        /// How long a lease on a run lasts. The engine renews its leases three times per
+        /// period; when its process dies, another engine takes its runs over once they expire.
+        public var leaseDuration: Duration = .seconds(10)
+        /// Called with each ``EngineEvent``.
+        public var observer: (@Sendable (EngineEvent) -> Void)?
+        /// Where metrics go; the process's `MetricsSystem` when `nil`.
+        public var metricsFactory: (any MetricsFactory)?
+        /// A readable label for this daemon, e.g. `"kiosk-agent@device-17"`, shown by
+        /// `hopctl status` and in takeover entries of history; host and process id by default.
+        /// It is only a label: ownership of runs goes by the engine's ``HopEngine/incarnation``,
+        /// so any number of processes may share a label without ever executing a run twice.
+        public var engineID: String?
+
+        public init(
+            pollInterval: Duration = .milliseconds(50), leaseDuration: Duration = .seconds(10),
+            observer: (@Sendable (EngineEvent) -> Void)? = nil, metricsFactory: (any MetricsFactory)? = nil,
+            engineID: String? = nil
+        ) {
+            self.pollInterval = pollInterval
+            self.leaseDuration = leaseDuration
+            self.observer = observer
+            self.metricsFactory = metricsFactory
+            self.engineID = engineID
+        }
+    }
+}

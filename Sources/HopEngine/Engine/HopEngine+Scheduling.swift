@@ -1,0 +1,54 @@
+/// The task of each run this engine executes: at most one per run; a run asked to execute
+/// while it executes does so again once the current execution settles.
+extension HopEngine {
+    /// Executes `run` in a task of its own, unless this engine is executing it already
+    /// (then it executes once more as soon as the current execution settles).
+    ///
+    /// - Parameter claimed: the run's history, when this engine has already claimed the run
+    ///   and read it (a resume of many runs does both in bulk).
+    func execute(_ run: RunRecord, claimed: [HistoryEntry]? = nil) {
+        guard executing[run.id] == nil else {
+            executeAgain.insert(run.id)
+            return
+        }
+        guard let definition = environment.flow(named: run.flow) else {
+            logger.warning("a run of an unregistered flow is not executed", metadata: environment.metadata(run))
+            return
+        }
+        let executor = RunExecutor(run: run, definition: definition, environment: environment, claimed: claimed)
+        executing[run.id] = Task { [self] in
+            let settlement = await executor.execute()
+            await self.didSettle(run.id, settlement)
+        }
+    }
+
+    /// Executes the runs `runIDs` (woken by a change this engine made), as stored now.
+    func execute(runIDs: [Int64]) async throws {
+        for runID in runIDs {
+            if let run = try await storage.run(id: runID) { execute(run) }
+        }
+    }
+
+    private func didSettle(_ runID: Int64, _ settlement: RunExecutor.Settlement) async {
+        if case .parkedOnWake = settlement, let run = try? await storage.run(id: runID), run.status == .running {
+            executeAgain.insert(runID)  // the stored change came as the run parked: it ended the step
+        }
+        executing[runID] = nil
+        environment.holdings.withLock { $0.settled(runID) }
+        if executeAgain.remove(runID) != nil, let run = try? await storage.run(id: runID), run.status == .running,
+            executing[runID] == nil
+        {
+            execute(run)
+            return
+        }
+        if let run = try? await storage.run(id: runID) { environment.notify(.settled(run: run)) }
+        for waiter in settleWaiters.removeValue(forKey: runID) ?? [] { waiter.resume() }
+    }
+
+    /// Cancels every run this engine executes and waits until they have stopped.
+    public func stopExecuting() async {
+        let tasks = Array(executing.values)
+        for task in tasks { task.cancel() }
+        for task in tasks { await task.value }
+    }
+}

@@ -1,0 +1,202 @@
+import CoreMetrics
+import Foundation
+import Logging
+
+/// Executes flows durably over a ``HopStore``: every hop, unhop and decision is committed
+/// before the flow proceeds, and unfinished runs resume where they were after a crash.
+///
+/// ```swift
+/// let engine = HopEngine(store: store, logger: logger)
+/// engine.register(startup)
+/// engine.register(step: "splash") { step in await cache.reload() }
+/// engine.register(step: "onboarding", .external)
+/// try await engine.start("startup")
+/// ```
+///
+/// Guarantees: a step that unhopped is never run again for that hop; a decision returns
+/// the value it first recorded; an unhop is applied exactly once. A step in flight when
+/// the process died runs again when the run resumes (at-least-once for step bodies).
+///
+/// Where things happen: this file holds registration and steering; `HopEngine+Scheduling.swift`
+/// the task of each run in flight; `Resume.swift` how runs are claimed and resumed;
+/// `HopEngine+Watch.swift` the daemon's loop. A run's execution is `RunExecutor`'s.
+public actor HopEngine {
+    /// How many runs a resume claims and reads at a time.
+    static let resumeBatch = 2000
+
+    /// What the executions of this engine's runs share with it.
+    nonisolated let environment: ExecutionEnvironment
+    /// The engine's storage.
+    package nonisolated var storage: any HopStorage { environment.storage }
+    /// This engine's incarnation: the owner of the runs it executes, unique to this engine, and
+    /// the liveness lock that lets other engines take its runs back at once when its process dies.
+    public nonisolated var incarnation: Incarnation { environment.incarnation }
+    /// This engine's owner value in the database (``Incarnation/id``): its label and a random part.
+    public nonisolated var id: String { environment.incarnation.id }
+    /// This engine's readable label: ``Configuration/engineID``, else host and process id.
+    public nonisolated var label: String { environment.incarnation.label }
+    nonisolated var logger: Logger { environment.logger }
+    nonisolated var configuration: Configuration { environment.configuration }
+
+    /// Runs being executed in this process, by id.
+    var executing: [Int64: Task<Void, Never>] = [:]
+    /// Runs asked to execute again while executing (an unhop arrived as they settled).
+    var executeAgain: Set<Int64> = []
+    var settleWaiters: [Int64: [CheckedContinuation<Void, Never>]] = [:]
+
+    /// An engine over the SQLite database `store`.
+    public init(store: HopStore, logger: Logger, configuration: Configuration = Configuration()) {
+        self.init(storage: store, logger: logger, configuration: configuration)
+    }
+
+    /// An engine over any storage.
+    package init(storage: any HopStorage, logger: Logger, configuration: Configuration = Configuration()) {
+        let incarnation = storage.makeIncarnation(
+            label: configuration.engineID ?? "\(ProcessInfo.processInfo.hostName):\(getpid())")
+        environment = ExecutionEnvironment(
+            storage: storage, incarnation: incarnation, configuration: configuration,
+            metrics: EngineMetrics(factory: configuration.metricsFactory ?? MetricsSystem.factory), logger: logger)
+        if !incarnation.canProveLiveness {
+            logger.warning(
+                "cannot hold a liveness lock beside the database (is its folder writable?); if this process dies, its runs are taken over only when their leases expire",
+                metadata: ["hop.db": "\(storage.location)"])
+        }
+    }
+
+    // MARK: Registration
+
+    /// Registers `flow` under its name, replacing any flow registered under that name.
+    public nonisolated func register(_ flow: Flow) {
+        environment.registry.withLock { $0.flows[flow.name] = flow }
+    }
+
+    /// Registers an in-process step whose work is `body`.
+    public nonisolated func register(
+        step name: String, retry: RetryPolicy = .none, _ body: @escaping @Sendable (StepContext) async throws -> Void
+    ) {
+        register(step: name, retry: retry, factory: { ClosureStep(body: body) })
+    }
+
+    /// Registers an in-process step made by `factory` for each hop to it: the daemon's own step host.
+    public nonisolated func register(
+        step name: String, retry: RetryPolicy = .none, factory: @escaping @Sendable () -> any HopStep
+    ) {
+        environment.registry.withLock { $0.steps[name] = .init(kind: .inProcess(factory), retry: retry) }
+    }
+
+    /// Registers a step that is finished from outside (see ``ExternalStep``).
+    public nonisolated func register(step name: String, _ external: ExternalStep) {
+        environment.registry.withLock { $0.steps[name] = .init(kind: .external(external), retry: .none) }
+    }
+
+    // MARK: Starting and steering runs
+
+    /// Starts a run of `flow` for `subject`, or resumes its unfinished run, and executes it
+    /// in the background. Returns the run as stored.
+    @discardableResult
+    public func start(_ flow: String, subject: String = "default") async throws -> RunRecord {
+        guard let definition = environment.flow(named: flow) else {
+            throw HopError(
+                .notRegistered, "no flow is registered under '\(flow)': register it with engine.register(Flow(\"\(flow)\", …))")
+        }
+        let (run, created) = try await storage.startRun(flow: flow, subject: subject, version: definition.version)
+        if created { logger.info("started run", metadata: environment.metadata(run)) }
+        if run.status == .running { execute(run) }
+        return run
+    }
+
+    /// Finishes the step that the unfinished run of `flow` for `subject` has in flight, with
+    /// `token` (from ``inFlight(flow:subject:)``), exactly once; then the run proceeds.
+    /// - Throws: ``HopError`` with code `.refused`, changing nothing, for a stale token, a second
+    ///   unhop or a finished run, or when there is no unfinished run.
+    public func unhop(
+        flow: String, subject: String = "default", token: String, output: (some Encodable & Sendable)? = String?.none
+    ) async throws {
+        guard let run = try await storage.latestRun(flow: flow, subject: subject), run.status.isUnfinished else {
+            throw HopError(.refused, "there is no unfinished run of flow '\(flow)' for subject '\(subject)' to unhop")
+        }
+        let json = try output.map { try JSONCoding.encode($0) }
+        let entry = try await storage.recordUnhop(runID: run.id, token: token, output: json, owner: nil)
+        environment.metrics.unhops.increment()
+        environment.notify(.recorded(run: environment.ref(run), event: entry))
+        if let updated = try await storage.run(id: run.id) { execute(updated) }
+    }
+
+    /// Finishes `step`, on which the unfinished run of `flow` for `subject` is parked, exactly
+    /// once; then the run proceeds. Addressed by step, so a retry never finishes the step after it.
+    /// - Throws: ``HopError`` with code `.refused`, changing nothing, when the run is not parked on
+    ///   `step` or `step` finishes when a session is stored (use ``storeSession(subject:userID:token:expiresAt:)``);
+    ///   `.notFound` without an unfinished run.
+    public func unhop(
+        flow: String, subject: String = "default", step: String, output: (some Encodable & Sendable)? = String?.none
+    ) async throws {
+        let json = try output.map { try JSONCoding.encode($0) }
+        let (run, entry) = try await storage.unhopParked(flow: flow, subject: subject, step: step, output: json)
+        environment.metrics.unhops.increment()
+        environment.notify(.recorded(run: environment.ref(run), event: entry))
+        execute(run)
+    }
+
+    /// The step the unfinished run of `flow` for `subject` has in flight, and its token.
+    public func inFlight(flow: String, subject: String = "default") async throws -> (step: String, token: String)? {
+        guard let run = try await storage.latestRun(flow: flow, subject: subject), run.status.isUnfinished,
+            let step = run.currentStep, let token = run.currentToken
+        else { return nil }
+        return (step, token)
+    }
+
+    /// Cancels the unfinished run of `flow` for `subject`: its in-flight step's task is
+    /// cancelled and the run never advances again. History is kept.
+    @discardableResult
+    public func cancel(flow: String, subject: String = "default") async throws -> RunRecord {
+        let run = try await storage.cancelRun(flow: flow, subject: subject, reason: "cancelled")
+        executing[run.id]?.cancel()
+        logger.info("cancelled run", metadata: environment.metadata(run))
+        return run
+    }
+
+    /// Ends the latest run of `flow` for `subject` and starts the flow over in a new run.
+    @discardableResult
+    public func restart(flow: String, subject: String = "default") async throws -> RunRecord {
+        if let old = try await storage.latestRun(flow: flow, subject: subject) { executing[old.id]?.cancel() }
+        let run = try await storage.restartRun(flow: flow, subject: subject)
+        if environment.flow(named: flow) != nil { execute(run) }
+        return run
+    }
+
+    /// Stores the session of `subject` and moves on the subject's runs parked on a step that
+    /// waits for a login (``ExternalStep/external(unhopWhen:)`` with `.sessionStored`).
+    ///
+    /// Use this rather than ``HopStore/storeSession(subject:userID:token:expiresAt:)`` inside a
+    /// daemon: the engine does not watch its own writes, only other processes'.
+    public func storeSession(subject: String, userID: String, token: String, expiresAt: Date? = nil) async throws {
+        let woken = try await storage.storeSession(subject: subject, userID: userID, token: token, expiresAt: expiresAt)
+        try await execute(runIDs: woken)
+    }
+
+    /// Removes the session of `subject` and re-routes the subject's runs parked on a step that
+    /// lasts only while a session is stored (``WakeCondition/sessionRemoved``).
+    @discardableResult
+    public func deleteSession(subject: String) async throws -> Bool {
+        let (removed, rerouted) = try await storage.deleteSession(subject: subject)
+        try await execute(runIDs: rerouted)
+        return removed
+    }
+
+    // MARK: Observing runs
+
+    /// Waits until this engine is no longer executing run `runID` (it completed, failed,
+    /// parked, …) and returns the run as stored.
+    public func settled(runID: Int64) async throws -> RunRecord? {
+        if executing[runID] != nil {
+            await withCheckedContinuation { settleWaiters[runID, default: []].append($0) }
+        }
+        return try await storage.run(id: runID)
+    }
+
+    /// Whether this engine is executing run `runID` now.
+    public func isExecuting(runID: Int64) -> Bool { executing[runID] != nil }
+
+    /// How many runs this engine holds in memory.
+    public var executingCount: Int { executing.count }
+}

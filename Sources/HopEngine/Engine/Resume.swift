@@ -1,0 +1,75 @@
+import Foundation
+
+/// Where a run resumes: an engine claims the unfinished runs that no live engine holds, reads
+/// their histories and executes them; replay (`Replay`) then brings each body back to where it
+/// was. Runs of engines whose process is gone are released first, so they are claimed at once
+/// rather than when their leases expire.
+extension HopEngine {
+    /// Resumes every unfinished, unparked run of the registered flows that no other engine
+    /// holds (its lease expired, it has none, or its process is gone); returns how many.
+    @discardableResult
+    public func resumeAll() async throws -> Int {
+        try await environment.releaseRunsOfDeadEngines()
+        return try await resumeClaimable()
+    }
+
+    /// Claims and executes the runs no live engine holds (`resumeAll` without looking for dead
+    /// engines first: the watch has just looked).
+    @discardableResult
+    func resumeClaimable() async throws -> Int {
+        let candidates = try await storage.claimableRuns(flows: environment.flowNames, now: Date())
+        var resumed = 0
+        // In batches: one transaction claims a batch, one statement reads its histories, and
+        // its runs start while the next batch is read.
+        for start in stride(from: 0, to: candidates.count, by: Self.resumeBatch) {
+            let batch = candidates[start..<min(start + Self.resumeBatch, candidates.count)].map(\.id)
+            let claimed = try await storage.claim(runIDs: batch, owner: id, until: environment.leaseEnd)
+            let histories = try await storage.histories(runIDs: claimed.map(\.id))
+            for run in claimed {
+                if executing[run.id] == nil {
+                    execute(run, claimed: histories[run.id] ?? [])
+                } else {
+                    executeAgain.insert(run.id)  // an execution that could not claim it is settling
+                }
+                resumed += 1
+            }
+        }
+        if resumed > 0 { logger.info("resuming unfinished runs", metadata: ["hop.runs": "\(resumed)"]) }
+        return resumed
+    }
+}
+
+extension ExecutionEnvironment {
+    /// Claims `run` for this engine and reads its history; `nil` when another live engine holds
+    /// it or it no longer runs.
+    func claim(_ run: RunRecord) async throws -> [HistoryEntry]? {
+        if try await storage.claim(runID: run.id, owner: owner, until: leaseEnd) == nil {
+            // Held elsewhere: by a live engine, or by one whose process is gone (a restart).
+            guard try await releaseRunsOfDeadEngines() > 0,
+                try await storage.claim(runID: run.id, owner: owner, until: leaseEnd) != nil
+            else {
+                logger(for: run).debug("run is held by another engine or no longer runs; not executing it")
+                return nil
+            }
+        }
+        holdings.withLock { _ = $0.held.insert(run.id) }
+        return try await storage.history(runID: run.id)
+    }
+
+    /// Releases the runs held by engines whose process is gone (their liveness lock is free),
+    /// so that they are claimed at once rather than when their leases expire. Returns how many
+    /// runs were released.
+    @discardableResult
+    func releaseRunsOfDeadEngines() async throws -> Int {
+        var released = 0
+        for (owner, runs) in try await storage.releaseRunsOfDeadIncarnations(except: incarnation) where runs > 0 {
+            released += runs
+            logger.info(
+                "an engine's process is gone; its runs are taken over",
+                metadata: [
+                    "hop.engine": "\(Incarnation.label(of: owner))", "hop.incarnation": "\(owner)", "hop.runs": "\(runs)",
+                ])
+        }
+        return released
+    }
+}

@@ -1,0 +1,60 @@
+import Foundation
+import Logging
+import Synchronization
+
+/// What an engine shares with the executions of its runs: storage, identity, registry,
+/// holdings, metrics, logging and the observer. Executions reach the engine's state only
+/// through it, never through the engine actor, so the calls go one way: engine → executor →
+/// storage.
+final class ExecutionEnvironment: Sendable {
+    let storage: any HopStorage
+    /// The owner of the runs this engine executes.
+    let incarnation: Incarnation
+    let configuration: HopEngine.Configuration
+    let metrics: EngineMetrics
+    let logger: Logger
+    let registry = Mutex(Registry())
+    /// Which runs this engine holds, and which it found it lost.
+    let holdings = Mutex(Holdings())
+
+    init(storage: any HopStorage, incarnation: Incarnation, configuration: HopEngine.Configuration, metrics: EngineMetrics, logger: Logger) {
+        self.storage = storage
+        self.incarnation = incarnation
+        self.configuration = configuration
+        self.metrics = metrics
+        self.logger = logger
+    }
+
+    /// The owner value this engine writes with.
+    var owner: String { incarnation.id }
+
+    func flow(named name: String) -> Flow? { registry.withLock { $0.flows[name] } }
+    func step(named name: String) -> Registry.StepRegistration? { registry.withLock { $0.steps[name] } }
+    var flowNames: [String] { registry.withLock { Array($0.flows.keys).sorted() } }
+
+    /// When this engine's lease on a run taken now ends.
+    var leaseEnd: Date {
+        Date().addingTimeInterval(
+            Double(configuration.leaseDuration.components.seconds)
+                + Double(configuration.leaseDuration.components.attoseconds) / 1e18)
+    }
+
+    func notify(_ event: EngineEvent) { configuration.observer?(event) }
+
+    func ref(_ run: RunRecord) -> RunRef { RunRef(id: run.id, flow: run.flow, subject: run.subject) }
+
+    /// The engine's logger with the run's metadata.
+    func logger(for run: RunRecord) -> Logger {
+        var logger = self.logger
+        logger[metadataKey: "hop.run"] = "\(run.id)"
+        logger[metadataKey: "hop.flow"] = "\(run.flow)"
+        logger[metadataKey: "hop.subject"] = "\(run.subject)"
+        return logger
+    }
+
+    func metadata(_ run: RunRecord, step: String? = nil) -> Logger.Metadata {
+        var metadata: Logger.Metadata = ["hop.run": "\(run.id)", "hop.flow": "\(run.flow)", "hop.subject": "\(run.subject)"]
+        if let step { metadata["hop.step"] = "\(step)" }
+        return metadata
+    }
+}

@@ -1,0 +1,143 @@
+import Foundation
+import Logging
+
+/// Entering a step: an in-process step's body runs (with its retry policy and deadline) until
+/// it unhops, times out or fails; an external step parks the run.
+extension RunExecutor {
+    /// Enters `step`, whose hop is recorded with `token`, and returns how it ended.
+    @inline(never)
+    func enter(step: String, token: String, deadline: Date?, isReentry: Bool) async throws -> StepOutput {
+        let registration = try inProcessStep(step)
+        var attempt = 1
+        while true {
+            let unhop = StepUnhop(executor: self, step: step, token: token)
+            let started = ContinuousClock.now
+            do {
+                let finished = try await runStep(
+                    registration.factory,
+                    StepContext(
+                        flow: run.flow, subject: run.subject, runID: run.id, step: step, token: token, attempt: attempt,
+                        isReentry: isReentry, storage: storage, unhop: unhop),
+                    until: deadline)
+                return try await stepReturned(finished, step: step, token: token, unhop: unhop, started: started)
+            } catch {
+                if let output = try await stepThrew(error, step: step, retry: registration.retry, attempt: attempt, unhop: unhop) {
+                    return output
+                }
+            }
+            attempt += 1
+        }
+    }
+
+    /// The in-process step registered as `step`; parks the run on an external step.
+    @inline(never)
+    private func inProcessStep(_ step: String) throws -> (factory: @Sendable () -> any HopStep, retry: RetryPolicy) {
+        guard let registration = environment.step(named: step) else {
+            throw HopError(
+                .notRegistered,
+                "run \(run.id) is in step '\(step)', but no step is registered under that name: register it with engine.register(step: \"\(step)\")"
+            )
+        }
+        switch registration.kind {
+        case .external:
+            stop(Suspension.parked(step: step))
+            throw Suspension.parked(step: step)
+        case .inProcess(let make):
+            return (make, registration.retry)
+        }
+    }
+
+    /// The step's body returned (`finished`) or its deadline passed first: unhops it if the body
+    /// did not, or records the timeout.
+    @inline(never)
+    private func stepReturned(
+        _ finished: Bool, step: String, token: String, unhop: StepUnhop, started: ContinuousClock.Instant
+    ) async throws -> StepOutput {
+        if !finished {
+            if let output = try await timeOut(step: step, token: token, unhop: unhop) { return output }
+            return StepOutput(json: nil, ending: .timedOut)
+        }
+        if !unhop.result.unhopped { try await unhop.unhop(output: nil) }
+        environment.metrics.stepDuration(step, ContinuousClock.now - started)
+        return StepOutput(json: unhop.result.output)
+    }
+
+    /// The step's body threw: returns its output when its unhop stands, `nil` to try again after
+    /// the retry policy's backoff, or throws to stop or fail the run.
+    @inline(never)
+    private func stepThrew(
+        _ error: any Error, step: String, retry: RetryPolicy, attempt: Int, unhop: StepUnhop
+    ) async throws -> StepOutput? {
+        if Task.isCancelled { throw error }
+        // The database failed (I/O, full disk, busy) while the step unhopped or read it:
+        // that is no fault of the step's, so it is not retried or failed; the run stops
+        // and stays resumable.
+        if let failure = error as? HopError, failure.isDatabaseFailure { throw failure }
+        try await stopIfFinishedElsewhere()
+        if unhop.result.unhopped {
+            environment.logger.warning(
+                "step threw after it unhopped; the unhop stands",
+                metadata: ["hop.run": "\(run.id)", "hop.step": "\(step)", "hop.error": "\(error)"])
+            return StepOutput(json: unhop.result.output)
+        }
+        let final = attempt >= retry.maxAttempts
+        let message = "attempt \(attempt) of \(retry.maxAttempts): \(error)"
+        let (storage, runID, owner) = (storage, run.id, environment.owner)
+        try await record(final ? .fail : .error, step) {
+            try await storage.recordError(runID: runID, step: step, message: message, final: final, owner: owner)
+        }
+        if final {
+            throw HopError(
+                .stepFailed,
+                "step '\(step)' of run \(run.id) (flow '\(run.flow)', subject '\(run.subject)') failed after \(attempt) attempt(s): \(error). Start the run over with `hopctl restart --flow \(run.flow) --subject \(run.subject)`"
+            )
+        }
+        try await Task.sleep(for: retry.backoff(afterAttempt: attempt))
+        return nil
+    }
+
+    /// Runs a step's body; with a deadline, races it and returns `false` when the deadline came
+    /// first (the body's task is then cancelled).
+    @inline(never)
+    private func runStep(
+        _ factory: @escaping @Sendable () -> any HopStep, _ context: StepContext, until deadline: Date?
+    ) async throws -> Bool {
+        guard let deadline else {
+            try await factory().run(context)
+            return true
+        }
+        return try await runStep(factory, context, racing: deadline)
+    }
+
+    @inline(never)
+    private func runStep(
+        _ factory: @escaping @Sendable () -> any HopStep, _ context: StepContext, racing deadline: Date
+    ) async throws -> Bool {
+        try await withThrowingTaskGroup(of: Bool.self) { group in
+            group.addTask {
+                try await factory().run(context)
+                return true
+            }
+            group.addTask {
+                let wait = deadline.timeIntervalSinceNow
+                if wait > 0 { try await Task.sleep(for: RunExecutor.sleepDuration(seconds: wait)) }
+                return false
+            }
+            defer { group.cancelAll() }
+            guard let first = try await group.next() else { return true }
+            return first
+        }
+    }
+
+    /// Records that `step` timed out; if it unhopped in the meantime, returns its output instead.
+    private func timeOut(step: String, token: String, unhop: StepUnhop) async throws -> StepOutput? {
+        if unhop.result.unhopped { return StepOutput(json: unhop.result.output) }
+        let (storage, runID, owner) = (storage, run.id, environment.owner)
+        do {
+            try await record(.timeout, step) { try await storage.recordTimeout(runID: runID, token: token, owner: owner) }
+            return nil
+        } catch let error as HopError where error.code == .refused && unhop.result.unhopped {
+            return StepOutput(json: unhop.result.output)
+        }
+    }
+}

@@ -1,0 +1,285 @@
+import Foundation
+import Logging
+import Synchronization
+
+/// Executes one run, once: opens it (claims it and reads its history), runs the flow body
+/// against its ``FlowContext`` and settles it — completed, parked, stopped, diverged or failed.
+///
+/// It owns the sequence of a hop: replay decides whether the hop is new (``Replay``), the hop is
+/// recorded (``record(_:_:_:)``: every write of a run goes through it), the step is entered
+/// (`RunExecutor+Steps.swift`) and its end returned to the body. Calls go one way: the flow
+/// body's context and the step's context call the executor; the executor calls storage; it
+/// never calls back into the engine, which learns how the execution ended from ``execute()``.
+final class RunExecutor: Sendable {
+    /// How an execution ended, for the engine to act on.
+    enum Settlement: Sendable {
+        /// Nothing more to do here (completed, failed, stopped, held elsewhere, parked).
+        case settled
+        /// Parked on a step that a stored change ends, which may have come as it parked: the
+        /// engine executes the run again if it is running now.
+        case parkedOnWake
+    }
+
+    let run: RunRecord
+    let definition: Flow
+    let environment: ExecutionEnvironment
+    private let claimed: ClaimedHistory?
+    private let replay: Mutex<Replay>
+
+    var storage: any HopStorage { environment.storage }
+
+    /// - Parameter claimed: the run's history, when the engine has already claimed the run and
+    ///   read it (a resume of many runs does both in bulk).
+    init(run: RunRecord, definition: Flow, environment: ExecutionEnvironment, claimed: [HistoryEntry]?) {
+        self.run = run
+        self.definition = definition
+        self.environment = environment
+        self.claimed = claimed.map(ClaimedHistory.init)
+        let subject = Replay.Subject(
+            runID: run.id, flow: run.flow, subject: run.subject, startedVersion: run.flowVersion,
+            codeVersion: definition.version)
+        replay = Mutex(Replay(subject: subject, history: []))
+    }
+
+    var isReplaying: Bool { replay.withLock { $0.isReplaying } }
+
+    // A run's task stays suspended inside its step for as long as the step takes, holding the
+    // async frames of every function between the task and the step. With thousands of runs in
+    // flight those frames are the engine's memory, so the functions on that path (execute,
+    // hop, enter, runStep) keep few locals and leave logging and error handling to helpers
+    // that are not inlined into them.
+
+    /// Runs the flow body against the run's history until it completes, parks, fails or is stopped.
+    @inline(never)
+    func execute() async -> Settlement {
+        do {
+            guard try await open() else { return .settled }
+            try await definition.body(FlowContext(executor: self))
+            try await complete()
+            return .settled
+        } catch {
+            return await settle(after: error)
+        }
+    }
+
+    /// Claims the run (unless the engine did) and reads its history into replay; `false` when
+    /// another engine holds it or it no longer runs.
+    @inline(never)
+    private func open() async throws -> Bool {
+        let history: [HistoryEntry]
+        if let taken = claimed?.take() {
+            environment.holdings.withLock { _ = $0.held.insert(run.id) }
+            history = taken
+        } else {
+            guard let read = try await environment.claim(run) else { return false }
+            history = read
+        }
+        let replaying = history.count { $0.kind.isReplayed }
+        environment.notify(.executing(run: environment.ref(run), replaying: replaying))
+        if replaying > 0 {
+            environment.metrics.resumes.increment()
+            environment.logger(for: run).info("resuming run", metadata: ["hop.replaying": "\(replaying)"])
+        }
+        replay.withLock { $0 = Replay(subject: $0.subject, history: history) }
+        return true
+    }
+
+    // MARK: What the flow body asks for
+
+    /// A hop to `step`: replayed, entered again, or recorded and entered.
+    func hop(
+        to step: String, timeout: Duration?, transition: (@Sendable (Transition) async throws -> Void)?
+    ) async throws -> StepOutput {
+        switch try replay.withLock({ try $0.consumeHop(to: step) }) {
+        case .ended(let output):
+            return output
+        case .inFlight(let token, let deadline):
+            // In flight when the run stopped: enter it again, with the deadline it had.
+            return try await enter(step: step, token: token, deadline: deadline, isReentry: true)
+        case .new:
+            let (token, deadline) = try await recordHop(to: step, timeout: timeout, transition: transition)
+            return try await enter(step: step, token: token, deadline: deadline, isReentry: false)
+        }
+    }
+
+    /// Runs the transition hook, then records a new hop to `step` (an external step parks the
+    /// run in the same transaction); returns its token and deadline.
+    @inline(never)
+    private func recordHop(
+        to step: String, timeout: Duration?, transition: (@Sendable (Transition) async throws -> Void)?
+    ) async throws -> (token: String, deadline: Date?) {
+        let from = replay.withLock { $0.lastStep }
+        let hook = transition ?? definition.transition
+        if let hook {
+            try await hook(Transition(flow: run.flow, subject: run.subject, runID: run.id, from: from, to: step))
+        }
+        let (parks, wakeOn) = try hopKind(of: step)
+        let deadline = timeout.map { Date().addingTimeInterval(Self.seconds($0)) }
+        // Parking gives the run up: from its commit on, no engine holds it, which is no loss.
+        if parks { environment.holdings.withLock { _ = $0.held.remove(run.id) } }
+        let (storage, runID, owner, recordedFrom) = (storage, run.id, environment.owner, hook == nil ? nil : from)
+        let entry = try await record(.hop, step) {
+            try await storage.recordHop(
+                runID: runID, step: step, from: recordedFrom, parks: parks, wakeOn: wakeOn, deadline: deadline, owner: owner)
+        }
+        environment.metrics.hops.increment()
+        replay.withLock { $0.lastStep = step }
+        return (entry.token ?? "", deadline)
+    }
+
+    /// Whether a hop to `step` parks the run (an external step), and on what stored change it wakes.
+    private func hopKind(of step: String) throws -> (parks: Bool, wakeOn: WakeCondition?) {
+        guard let registration = environment.step(named: step) else {
+            throw HopError(
+                .notRegistered,
+                "run \(run.id) of flow '\(run.flow)' hops to step '\(step)', but no step is registered under that name: register it with engine.register(step: \"\(step)\") before starting the engine"
+            )
+        }
+        if case .external(let external) = registration.kind { return (true, external.wakeOn) }
+        return (false, nil)
+    }
+
+    /// A durable sleep: the deadline is recorded, or replayed.
+    func sleep(for duration: Duration, name: String) async throws {
+        let deadline: Date
+        if let recorded = try replay.withLock({ try $0.consume(.timer, name) }),
+            let milliseconds = recorded.value.flatMap({ Int64($0) })
+        {
+            deadline = Date(timeIntervalSince1970: Double(milliseconds) / 1000)
+        } else {
+            deadline = Date().addingTimeInterval(Self.seconds(duration))
+            let (storage, runID, owner) = (storage, run.id, environment.owner)
+            try await record(.timer, name) {
+                try await storage.recordTimer(runID: runID, name: name, deadline: deadline, owner: owner)
+            }
+        }
+        let wait = deadline.timeIntervalSinceNow
+        if wait > 0 { try await Task.sleep(for: Self.sleepDuration(seconds: wait)) }
+    }
+
+    /// A decision: the recorded value, or `read`'s value, recorded.
+    func decide<T: Codable & Sendable>(_ name: String, _ read: @Sendable () async throws -> T) async throws -> T {
+        if let recorded = try replay.withLock({ try $0.consume(.decision, name) }) {
+            return try JSONCoding.decode(T.self, from: recorded.value ?? "null", what: "the recorded decision '\(name)'")
+        }
+        let value = try await read()
+        let (storage, runID, owner, json) = (storage, run.id, environment.owner, try JSONCoding.encode(value))
+        try await record(.decision, name) {
+            try await storage.recordDecision(runID: runID, name: name, value: json, owner: owner)
+        }
+        return value
+    }
+
+    /// The effect of marking `feature` used: applied and recorded once, in one transaction.
+    func markUsed(_ feature: String) async throws {
+        let name = markUsedEffectName(feature)
+        if try replay.withLock({ try $0.consume(.effect, name) }) != nil { return }
+        let (storage, runID, owner) = (storage, run.id, environment.owner)
+        try await record(.effect, name) {
+            try await storage.markUsed(runID: runID, feature: feature, owner: owner)
+        }
+    }
+
+    /// Stops this execution: every later call of the body throws `error`.
+    func stop(_ error: any Error) {
+        replay.withLock { $0.stop(error) }
+    }
+
+    // MARK: Recording
+
+    /// Commits one history entry through `commit`, telling the observer before and after.
+    /// A refusal because the run was finished or taken over elsewhere stops this execution.
+    @discardableResult
+    @inline(never)
+    func record(
+        _ kind: HistoryKind, _ name: String?, _ commit: @Sendable () async throws -> HistoryEntry
+    ) async throws -> HistoryEntry {
+        let ref = environment.ref(run)
+        environment.notify(.willRecord(run: ref, kind: kind, step: name))
+        let entry: HistoryEntry
+        do {
+            entry = try await commit()
+        } catch let error as HopError where error.code == .refused {
+            try await stopIfFinishedElsewhere()
+            throw error
+        }
+        environment.notify(.recorded(run: ref, event: entry))
+        environment.logger.debug(
+            "recorded \(kind.rawValue)",
+            metadata: [
+                "hop.run": "\(run.id)", "hop.flow": "\(run.flow)", "hop.subject": "\(run.subject)", "hop.step": "\(name ?? "")",
+            ])
+        return entry
+    }
+
+    /// When the run was finished or taken over elsewhere, stops this execution (it writes nothing more).
+    func stopIfFinishedElsewhere() async throws {
+        if let current = try await storage.run(id: run.id), !current.status.isUnfinished || current.owner != environment.owner {
+            stop(Suspension.finished)
+            throw Suspension.finished
+        }
+    }
+
+    // MARK: Settling
+
+    /// Records that the body returned: the run is completed.
+    @inline(never)
+    private func complete() async throws {
+        try replay.withLock { try $0.finish() }
+        let (storage, runID, owner) = (storage, run.id, environment.owner)
+        try await record(.complete, nil) { try await storage.completeRun(runID: runID, owner: owner) }
+        environment.logger(for: run).info("run completed")
+    }
+
+    /// Settles an execution that ended with `error`: parked, stopped, diverged or failed.
+    @inline(never)
+    private func settle(after error: any Error) async -> Settlement {
+        let logger = environment.logger(for: run)
+        if environment.holdings.withLock({ $0.lost.contains(run.id) }) { return .settled }  // said once, when lost
+        let (storage, runID, owner) = (storage, run.id, environment.owner)
+        switch error {
+        case Suspension.parked(let step):
+            logger.debug("run parked on an external step", metadata: ["hop.step": "\(step)"])
+            // A step that waits for a stored change that had already come ended as it parked.
+            if case .external(let external)? = environment.step(named: step)?.kind, external.wakeOn != nil {
+                return .parkedOnWake
+            }
+        case Suspension.finished:
+            logger.info("run was finished or taken over elsewhere; stopped executing it, writing nothing more")
+        case _ where Task.isCancelled:
+            logger.info("stopped executing run; it stays resumable")
+            try? await storage.release(runID: runID, owner: owner)
+        case let error as HopError where error.code == .diverged:
+            environment.metrics.divergences.increment()
+            logger.error("run diverged", metadata: ["hop.error": "\(error)"])
+            _ = try? await record(.diverge, nil) {
+                try await storage.divergeRun(runID: runID, step: nil, message: error.reason, owner: owner)
+            }
+        case let error as HopError where error.code == .stepFailed:
+            logger.error("run failed", metadata: ["hop.error": "\(error)"])
+        case let error as HopError where error.isDatabaseFailure:
+            // The database failed (busy, I/O): nothing was recorded, so the run stays resumable.
+            logger.error("run stopped by a database error; it stays resumable", metadata: ["hop.error": "\(error)"])
+            try? await storage.release(runID: runID, owner: owner)
+        default:
+            logger.error("run failed", metadata: ["hop.error": "\(error)"])
+            if let current = try? await storage.run(id: runID), current.status.isUnfinished {
+                _ = try? await storage.recordError(
+                    runID: runID, step: current.currentStep, message: "\(error)", final: true, owner: owner)
+            }
+        }
+        return .settled
+    }
+
+    // MARK: Time
+
+    /// `seconds` as a duration to sleep, at most about 300 years: a deadline read from the
+    /// database never traps, however far ahead it lies.
+    static func sleepDuration(seconds: TimeInterval) -> Duration {
+        .milliseconds(Int64(max(0, min(seconds, 1e10)) * 1000))
+    }
+
+    private static func seconds(_ duration: Duration) -> TimeInterval {
+        Double(duration.components.seconds) + Double(duration.components.attoseconds) / 1e18
+    }
+}

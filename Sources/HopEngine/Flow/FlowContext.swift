@@ -1,0 +1,102 @@
+import Foundation
+
+/// What a flow body sees of its run: hop to steps, read conditions, change stored state.
+///
+/// Each call is committed to the run's history before it returns; when the run is executed
+/// again (after a crash or an external unhop), calls already in the history return their
+/// recorded result without doing their work again. The context only describes what the body
+/// asks for; the run's executor does it (see `RunExecutor`), and replay decides what is new
+/// (see `Replay`).
+public final class FlowContext: Sendable {
+    /// The flow name.
+    public var flow: String { executor.run.flow }
+    /// Whom the run is for.
+    public var subject: String { executor.run.subject }
+    /// The run id, as `hopctl status` shows it.
+    public var runID: Int64 { executor.run.id }
+    /// The flow version the run was started with.
+    public var startedVersion: String { executor.run.flowVersion }
+
+    private let executor: RunExecutor
+
+    init(executor: RunExecutor) { self.executor = executor }
+
+    /// Whether the run is still replaying its history (the calls return recorded results).
+    public var isReplaying: Bool { executor.isReplaying }
+
+    // MARK: Hops
+
+    /// Hops to `step` and returns when it unhops, with its output: the code after this call is the `then`.
+    ///
+    /// The hop is committed before the step runs; a step already unhopped in the history is
+    /// not run again. A step that was in flight when the run was interrupted runs again.
+    /// An external step parks the run: the body stops here and continues, from the top with
+    /// replay, once the step is unhopped.
+    ///
+    /// - Parameters:
+    ///   - timeout: how long the step may take. The deadline is stored with the hop, so it holds
+    ///     across restarts; when it passes first, the step is ended (an in-process step's task is
+    ///     cancelled) and the result's ``StepOutput/timedOut`` is `true`: take the timeout branch.
+    ///   - transition: runs before the hop is recorded, instead of the flow's transition.
+    @discardableResult
+    public func hop(
+        to step: String, timeout: Duration? = nil, transition: (@Sendable (Transition) async throws -> Void)? = nil
+    ) async throws -> StepOutput {
+        try await executor.hop(to: step, timeout: timeout, transition: transition)
+    }
+
+    /// Hops to `step` and decodes its output as `T` (`nil` when it unhopped without one).
+    public func hop<T: Decodable>(to step: String, as type: T.Type) async throws -> T? {
+        try await hop(to: step).decode(type)
+    }
+
+    // MARK: Timers
+
+    /// Sleeps durably: the deadline is recorded, so a run resumed after a restart wakes at the
+    /// original deadline, not a fresh one (at once when it has passed).
+    ///
+    /// - Parameter name: unique within the run's path when a flow sleeps more than once.
+    public func sleep(for duration: Duration, name: String = "sleep") async throws {
+        try await executor.sleep(for: duration, name: name)
+    }
+
+    // MARK: Decisions
+
+    /// Reads a condition once and records its value; replay returns the recorded value, so
+    /// the run takes the same branch it took before a crash.
+    ///
+    /// - Parameter name: unique within the run's path, e.g. `"terms-accepted"`.
+    public func decide<T: Codable & Sendable>(_ name: String, _ read: @Sendable () async throws -> T) async throws -> T {
+        try await executor.decide(name, read)
+    }
+
+    /// Whether the run's subject has never used `feature` (or it was reset): recorded as a decision.
+    public func isFirstUse(_ feature: String) async throws -> Bool {
+        let (storage, subject) = (executor.storage, subject)
+        return try await decide("isFirstUse(\(feature))") { try await storage.isFirstUse(subject: subject, feature: feature) }
+    }
+
+    /// The subject's stored session, without its token: recorded as a decision.
+    /// A step reads the token itself with ``StepContext/session()``.
+    public func session() async throws -> SessionInfo? {
+        let (storage, subject) = (executor.storage, subject)
+        return try await decide("session") {
+            try await storage.session(subject: subject).map {
+                SessionInfo(userID: $0.userID, createdAt: $0.createdAt, expiresAt: $0.expiresAt)
+            }
+        }
+    }
+
+    /// The daemon's fact `key` about the subject: recorded as a decision.
+    public func fact(_ key: String) async throws -> String? {
+        let (storage, subject) = (executor.storage, subject)
+        return try await decide("fact(\(key))") { try await storage.fact(subject: subject, key: key) }
+    }
+
+    // MARK: Effects
+
+    /// Marks `feature` used by the subject, exactly once for this run (recorded with the flag, in one transaction).
+    public func markUsed(_ feature: String) async throws {
+        try await executor.markUsed(feature)
+    }
+}

@@ -1,0 +1,120 @@
+import Foundation
+
+/// Reading runs and their histories: what `hopctl` shows and what an engine replays.
+extension HopStore {
+    // MARK: Reading runs
+
+    /// The run with `id`, if it exists.
+    public func run(id: Int64) throws -> RunRecord? {
+        try connection.queryOne(
+            "SELECT \(RunRecord.columns) FROM runs WHERE id = ?1", [.integer(id)], operation: "read run \(id)",
+            RunRecord.init(row:))
+    }
+
+    /// The newest run of `flow` for `subject`, finished or not.
+    public func latestRun(flow: String, subject: String) throws -> RunRecord? {
+        try validate(flow, as: "flow name")
+        try validate(subject, as: "subject")
+        return try connection.queryOne(
+            "SELECT \(RunRecord.columns) FROM runs WHERE flow = ?1 AND subject = ?2 ORDER BY id DESC LIMIT 1",
+            [.text(flow), .text(subject)], operation: "read latest run of \(flow) for \(subject)", RunRecord.init(row:))
+    }
+
+    /// The newest run of each (flow, subject), optionally narrowed to one flow or subject.
+    public func runs(flow: String? = nil, subject: String? = nil, limit: Int = 1000) throws -> [RunRecord] {
+        if let flow { try validate(flow, as: "flow name") }
+        if let subject { try validate(subject, as: "subject") }
+        // One statement per filter combination, so that SQLite can search the (flow, subject, id) index.
+        let filter: String
+        var arguments: [SQLValue] = []
+        switch (flow, subject) {
+        case let (flow?, subject?):
+            filter = "WHERE flow = ?2 AND subject = ?3"
+            arguments = [.text(flow), .text(subject)]
+        case let (flow?, nil):
+            filter = "WHERE flow = ?2"
+            arguments = [.text(flow)]
+        case let (nil, subject?):
+            filter = "WHERE subject = ?2"
+            arguments = [.text(subject)]
+        case (nil, nil):
+            filter = ""
+        }
+        return try connection.query(
+            """
+            SELECT \(RunRecord.columns) FROM runs
+            WHERE id IN (SELECT max(id) FROM runs \(filter) GROUP BY flow, subject)
+            ORDER BY flow, subject LIMIT ?1
+            """,
+            [.integer(Int64(limit))] + arguments, operation: "list runs", RunRecord.init(row:))
+    }
+
+    /// The names of the flows that have runs here, in order.
+    public func flowNames() throws -> [String] {
+        try connection.query("SELECT DISTINCT flow FROM runs ORDER BY flow", [], operation: "list flows") { $0.text(0) }
+    }
+
+    /// Every run of `flow` for `subject`, oldest first.
+    public func allRuns(flow: String, subject: String) throws -> [RunRecord] {
+        try validate(flow, as: "flow name")
+        try validate(subject, as: "subject")
+        return try connection.query(
+            "SELECT \(RunRecord.columns) FROM runs WHERE flow = ?1 AND subject = ?2 ORDER BY id",
+            [.text(flow), .text(subject)], operation: "list runs of \(flow) for \(subject)", RunRecord.init(row:))
+    }
+
+    /// Unfinished runs with `status` whose flow is one of `flows`, oldest first.
+    package func unfinishedRuns(status: RunStatus, flows: [String]) throws -> [RunRecord] {
+        guard status.isUnfinished else { return [] }
+        var runs: [RunRecord] = []
+        for flow in flows {
+            runs += try connection.query(
+                "SELECT \(RunRecord.columns) FROM runs WHERE status = ?1 AND flow = ?2 ORDER BY id",
+                [.text(status.rawValue), .text(flow)], operation: "list \(status.rawValue) runs of \(flow)",
+                RunRecord.init(row:))
+        }
+        return runs.sorted { $0.id < $1.id }
+    }
+
+    /// The history of run `runID` in order; with `limit`, its last `limit` entries.
+    public func history(runID: Int64, limit: Int? = nil) throws -> [HistoryEntry] {
+        if let limit {
+            return try connection.query(
+                "SELECT * FROM (SELECT \(HistoryEntry.columns) FROM history WHERE run_id = ?1 ORDER BY seq DESC LIMIT ?2) ORDER BY seq",
+                [.integer(runID), .integer(Int64(limit))], operation: "read history of run \(runID)", HistoryEntry.init(row:))
+        }
+        return try connection.query(
+            "SELECT \(HistoryEntry.columns) FROM history WHERE run_id = ?1 ORDER BY seq",
+            [.integer(runID)], operation: "read history of run \(runID)", HistoryEntry.init(row:))
+    }
+
+    /// The histories of `runIDs`, each in order, read in one statement (for an engine resuming many runs).
+    package func histories(runIDs: [Int64]) throws -> [Int64: [HistoryEntry]] {
+        guard !runIDs.isEmpty else { return [:] }
+        let list = Self.jsonList(runIDs)
+        var histories: [Int64: [HistoryEntry]] = [:]
+        histories.reserveCapacity(runIDs.count)
+        for event in try connection.query(
+            "SELECT \(HistoryEntry.columns) FROM history WHERE run_id IN (SELECT value FROM json_each(?1)) ORDER BY run_id, seq",
+            [.text(list)], operation: "read the histories of \(runIDs.count) runs", HistoryEntry.init(row:))
+        {
+            histories[event.runID, default: []].append(event)
+        }
+        return histories
+    }
+
+    /// The hops observed in all runs of `flow`: each edge from one entered step to the next, with its count.
+    public func hopGraph(flow: String) throws -> [HopEdge] {
+        try validate(flow, as: "flow name")
+        return try connection.query(
+            """
+            SELECT prev, step, count(*) FROM (
+                SELECT h.step AS step, lag(h.step) OVER (PARTITION BY h.run_id ORDER BY h.seq) AS prev
+                FROM runs r JOIN history h ON h.run_id = r.id
+                WHERE r.flow = ?1 AND h.kind = \(HistoryKind.hop.sql))
+            GROUP BY prev, step ORDER BY count(*) DESC, prev, step
+            """,
+            [.text(flow)], operation: "read hop graph of \(flow)"
+        ) { HopEdge(from: $0.optionalText(0), to: $0.text(1), count: Int($0.int64(2))) }
+    }
+}

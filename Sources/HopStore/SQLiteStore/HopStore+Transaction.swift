@@ -1,0 +1,125 @@
+import Foundation
+
+/// The helpers that run inside a write transaction (their names end in `Locked`): reading and
+/// changing a run's row and appending to its history, in the caller's transaction.
+extension HopStore {
+    // MARK: Inside a transaction
+
+    /// Ends the step in flight of `run` with an unhop, a timeout or a re-route, if `token` is its token.
+    @discardableResult
+    func endStepLocked(_ run: RunRecord, token: String, kind: HistoryKind, value: String?, operation: String) throws -> HistoryEntry {
+        guard let step = run.currentStep, let current = run.currentToken, current == token else {
+            let earlier = try connection.queryOne(
+                "SELECT step, kind FROM history WHERE run_id = ?1 AND kind IN \(HistoryKind.stepEndsSQL) AND token = ?2",
+                [.integer(run.id), .text(token)], operation: operation) { ($0.text(0), $0.text(1)) }
+            if let earlier {
+                let how = earlier.1 == "unhop" ? "has already unhopped" : "has already ended (\(earlier.1))"
+                throw refuse(.refused, operation, "step '\(earlier.0)' of run \(run.id) \(how); a hop ends once")
+            }
+            if run.currentToken == nil {
+                throw refuse(.refused, operation, "run \(run.id) has no step in flight")
+            }
+            throw refuse(
+                .refused, operation, "the token is stale or unknown: it is not the token of step '\(run.currentStep ?? "?")' in flight",
+                hint: "Read the current token again (`hopctl status`) and retry")
+        }
+        let event = try append(runID: run.id, kind, step: step, token: token, value: value, touchesRun: false, operation: operation)
+        try connection.run(
+            """
+            UPDATE runs SET current_step = NULL, current_token = NULL, wake_on = NULL, wake_at = NULL, status = \(RunStatus.running.sql),
+                updated_at = ?2
+            WHERE id = ?1
+            """,
+            [.integer(run.id), .integer(Clock.nowMilliseconds())], operation: operation)
+        return event
+    }
+
+    /// Appends one history entry to run `runID` and, unless the caller updates the run's row
+    /// itself (`touchesRun: false`), its `updated_at`.
+    @discardableResult
+    func append(
+        runID: Int64, _ kind: HistoryKind, step: String? = nil, token: String? = nil, value: String? = nil,
+        touchesRun: Bool = true, operation: String
+    ) throws -> HistoryEntry {
+        let now = Clock.nowMilliseconds()
+        let seq = (try connection.queryOne(
+            "SELECT max(seq) FROM history WHERE run_id = ?1", [.integer(runID)], operation: operation) { $0.optionalInt64(0) } ?? nil) ?? 0
+        try connection.run(
+            "INSERT INTO history (run_id, seq, kind, step, token, value, at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            [.integer(runID), .integer(seq + 1), .text(kind.rawValue), .optional(step), .optional(token), .optional(value), .integer(now)],
+            operation: operation)
+        if touchesRun {
+            try connection.run("UPDATE runs SET updated_at = ?2 WHERE id = ?1", [.integer(runID), .integer(now)], operation: operation)
+        }
+        return HistoryEntry(runID: runID, seq: seq + 1, kind: kind, step: step, token: token, value: value, at: Clock.date(now))
+    }
+
+    /// Ends the run with `status`: no token, no wake-up, no owner.
+    func setStatus(_ runID: Int64, _ status: RunStatus, operation: String) throws {
+        try connection.run(
+            """
+            UPDATE runs SET status = ?2, current_token = NULL, wake_on = NULL, wake_at = NULL, owner = NULL,
+                lease_expires_at = NULL, updated_at = ?3
+            WHERE id = ?1
+            """,
+            [.integer(runID), .text(status.rawValue), .integer(Clock.nowMilliseconds())], operation: operation)
+    }
+
+    func unfinishedRunLocked(flow: String, subject: String, operation: String) throws -> RunRecord? {
+        try connection.queryOne(
+            "SELECT \(RunRecord.columns) FROM runs WHERE flow = ?1 AND subject = ?2 AND status IN \(RunStatus.unfinishedSQL)",
+            [.text(flow), .text(subject)], operation: operation, RunRecord.init(row:))
+    }
+
+    func insertRunLocked(flow: String, subject: String, version: String, operation: String) throws -> RunRecord {
+        let now = Clock.nowMilliseconds()
+        try connection.run(
+            """
+            INSERT INTO runs (flow, subject, flow_version, status, created_at, updated_at)
+            VALUES (?1, ?2, ?3, \(RunStatus.running.sql), ?4, ?4)
+            """,
+            [.text(flow), .text(subject), .text(version), .integer(now)], operation: operation)
+        return try requireRun(connection.lastInsertedRowID, operation: operation)
+    }
+
+    func requireRun(_ runID: Int64, operation: String) throws -> RunRecord {
+        guard let run = try connection.queryOne(
+            "SELECT \(RunRecord.columns) FROM runs WHERE id = ?1", [.integer(runID)], operation: operation, RunRecord.init(row:))
+        else {
+            throw refuse(.notFound, operation, "run \(runID) does not exist", hint: "List runs with `hopctl status`")
+        }
+        return run
+    }
+
+    func requireUnfinished(_ runID: Int64, owner: String? = nil, operation: String) throws -> RunRecord {
+        let run = try requireRun(runID, operation: operation)
+        guard run.status.isUnfinished else {
+            throw refuse(
+                .refused, operation, "run \(runID) of \(run.flow) for \(run.subject) is \(run.status.rawValue) and no longer advances",
+                hint: "Start it over with `hopctl restart --flow \(run.flow) --subject \(run.subject)`")
+        }
+        // Fenced: an engine writes to a run only while it holds it. One that lost it (it was
+        // frozen past its lease, another took over, the run parked) writes nothing more.
+        if let owner, run.owner != owner {
+            let holder = run.owner.map { "another engine (\(Incarnation.label(of: $0)))" } ?? "no engine"
+            throw refuse(
+                .refused, operation, "run \(runID) is held by \(holder); this engine no longer executes it",
+                hint: "Nothing to do: the engine that holds the run carries it on")
+        }
+        return run
+    }
+
+    func requireRunning(_ runID: Int64, owner: String? = nil, operation: String) throws -> RunRecord {
+        let run = try requireUnfinished(runID, owner: owner, operation: operation)
+        guard run.status == .running else {
+            throw refuse(.refused, operation, "run \(runID) is \(run.status.rawValue)")
+        }
+        return run
+    }
+
+    func noUnfinishedRun(flow: String, subject: String, operation: String) -> HopError {
+        refuse(
+            .notFound, operation, "there is no unfinished run of flow '\(flow)' for subject '\(subject)'",
+            hint: "Check the names with `hopctl status`")
+    }
+}

@@ -1,0 +1,58 @@
+import Foundation
+
+// How the records are read from this store's rows: the one place that knows their columns.
+
+extension RunRecord {
+    static let columns =
+        "id, flow, subject, flow_version, status, current_step, current_token, wake_on, owner, lease_expires_at, created_at, updated_at, wake_at"
+
+    init(row: Row) {
+        id = row.int64(0)
+        flow = row.text(1)
+        subject = row.text(2)
+        flowVersion = row.text(3)
+        status = RunStatus(rawValue: row.text(4)) ?? .failed
+        currentStep = row.optionalText(5)
+        currentToken = row.optionalText(6)
+        wakeOn = row.optionalText(7).flatMap(WakeCondition.init(rawValue:))
+        owner = row.optionalText(8)
+        leaseExpiresAt = row.optionalInt64(9).map(Clock.date)
+        createdAt = Clock.date(row.int64(10))
+        updatedAt = Clock.date(row.int64(11))
+        wakeAt = row.optionalInt64(12).map(Clock.date)
+    }
+}
+
+extension HistoryEntry {
+    static let columns = "run_id, seq, kind, step, token, value, at"
+
+    init(row: Row) {
+        runID = row.int64(0)
+        seq = row.int64(1)
+        kind = HistoryKind(rawValue: row.text(2)) ?? .error
+        step = row.optionalText(3)
+        token = row.optionalText(4)
+        value = row.optionalText(5)
+        at = Clock.date(row.int64(6))
+    }
+}
+
+extension RunStatus {
+    /// The status as an SQL literal, for the statements that select by status.
+    ///
+    /// Written into the statement rather than bound: it is a constant of the code, never a value
+    /// from outside, and SQLite uses a partial index (`WHERE status IN ('running', 'parked')`)
+    /// only when the statement's own text implies the index's condition.
+    var sql: String { "'\(rawValue)'" }
+
+    /// The unfinished statuses as an SQL list, `('running', 'parked')`.
+    static let unfinishedSQL = "(" + allCases.filter(\.isUnfinished).map(\.sql).joined(separator: ", ") + ")"
+}
+
+extension HistoryKind {
+    /// The kind as an SQL literal (see ``RunStatus/sql``).
+    var sql: String { "'\(rawValue)'" }
+
+    /// The kinds that end a step, as an SQL list, `('unhop', 'timeout', 'reroute')`.
+    static let stepEndsSQL = "(" + allCases.filter(\.endsStep).map(\.sql).joined(separator: ", ") + ")"
+}

@@ -1,0 +1,149 @@
+import Foundation
+
+/// The storage seam: every operation the engine needs of a database, and nothing else.
+///
+/// ``HopStore`` (one SQLite file) is the first implementation; a server database for fleets of
+/// daemons is the next. No type of a particular database crosses this protocol: records
+/// (``RunRecord``, ``HistoryEntry``, ``StoredSession``) and ``HopError`` go in and out.
+///
+/// What every implementation guarantees:
+/// - each mutating operation is one transaction: when it returns, its change is durable; when
+///   it throws, nothing changed;
+/// - writes to a run are fenced by `owner`: an operation given an owner is refused (`.refused`)
+///   unless that incarnation holds the run, so an engine that lost a run writes nothing more;
+/// - a hop ends once: of an unhop, a timeout and a re-route of the same hop, the first to commit
+///   wins and the others are refused;
+/// - ``changeVersion()`` changes whenever another process commits a change an engine must react
+///   to (an unhop, a login or logout, a cancel, a new run).
+///
+/// The engine's tests run against any implementation (see `HopTestSupport`'s `TestBackend`).
+package protocol HopStorage: Sendable {
+    /// Where the data lives, for logs and messages (a file path, or a URL without its password).
+    var location: String { get }
+
+    // MARK: Liveness and change notification
+
+    /// A new engine incarnation labelled `label`, with the proof of liveness this storage supports.
+    func makeIncarnation(label: String) -> Incarnation
+    /// A value that changes whenever another process commits to the database.
+    func changeVersion() async throws -> Int64
+
+    // MARK: Run lifecycle
+
+    /// Starts a run of `flow` for `subject`, or returns the unfinished one (at most one exists).
+    func startRun(flow: String, subject: String, version: String) async throws -> (run: RunRecord, created: Bool)
+    /// Cancels the unfinished run of `flow` for `subject`; `.notFound` without one.
+    @discardableResult
+    func cancelRun(flow: String, subject: String, reason: String) async throws -> RunRecord
+    /// Ends the latest run of `flow` for `subject` and creates a new one that starts over.
+    @discardableResult
+    func restartRun(flow: String, subject: String) async throws -> RunRecord
+    /// Records that the flow body returned: the run is completed.
+    @discardableResult
+    func completeRun(runID: Int64, owner: String?) async throws -> HistoryEntry
+    /// Marks the run diverged: the flow code asked for another path than its history.
+    @discardableResult
+    func divergeRun(runID: Int64, step: String?, message: String, owner: String?) async throws -> HistoryEntry
+
+    // MARK: Recording what a run does
+
+    /// Records a hop to `step` with a fresh token; a parking step parks the run and gives up its lease.
+    @discardableResult
+    func recordHop(
+        runID: Int64, step: String, from: String?, parks: Bool, wakeOn: WakeCondition?, deadline: Date?, owner: String?
+    ) async throws -> HistoryEntry
+    /// Ends the step in flight with an unhop, if `token` is its token.
+    @discardableResult
+    func recordUnhop(runID: Int64, token: String, output: String?, owner: String?) async throws -> HistoryEntry
+    /// Ends the step in flight because its deadline passed, if `token` is its token.
+    @discardableResult
+    func recordTimeout(runID: Int64, token: String, owner: String?) async throws -> HistoryEntry
+    /// Unhops `step`, on which the unfinished run of `flow` for `subject` is parked.
+    func unhopParked(flow: String, subject: String, step: String, output: String?) async throws -> (run: RunRecord, unhop: HistoryEntry)
+    /// Records the value a condition had when the run read it.
+    @discardableResult
+    func recordDecision(runID: Int64, name: String, value: String, owner: String?) async throws -> HistoryEntry
+    /// Records a durable sleep until `deadline`.
+    @discardableResult
+    func recordTimer(runID: Int64, name: String, deadline: Date, owner: String?) async throws -> HistoryEntry
+    /// Marks `feature` used by the run's subject and records the effect, in one transaction.
+    @discardableResult
+    func markUsed(runID: Int64, feature: String, owner: String?) async throws -> HistoryEntry
+    /// Records that a step threw; with `final`, the run fails.
+    @discardableResult
+    func recordError(runID: Int64, step: String?, message: String, final: Bool, owner: String?) async throws -> HistoryEntry
+
+    // MARK: Reading runs
+
+    /// The run with `id`, if it exists.
+    func run(id: Int64) async throws -> RunRecord?
+    /// The newest run of `flow` for `subject`, finished or not.
+    func latestRun(flow: String, subject: String) async throws -> RunRecord?
+    /// The history of a run in order; with `limit`, its last `limit` entries.
+    func history(runID: Int64, limit: Int?) async throws -> [HistoryEntry]
+    /// The histories of `runIDs`, each in order, read together.
+    func histories(runIDs: [Int64]) async throws -> [Int64: [HistoryEntry]]
+    /// The status and owner of each of `runIDs` that still exists.
+    func statuses(of runIDs: [Int64]) async throws -> [Int64: (status: RunStatus, owner: String?)]
+
+    // MARK: Ownership
+
+    /// Takes the run for `owner` until `until` unless another incarnation holds a live lease on it.
+    func claim(runID: Int64, owner: String, until: Date) async throws -> RunRecord?
+    /// Takes every run of `runIDs` that no other incarnation holds, together.
+    func claim(runIDs: [Int64], owner: String, until: Date) async throws -> [RunRecord]
+    /// Extends `owner`'s leases on `runIDs`; returns the runs whose lease was extended.
+    @discardableResult
+    func renewLeases(owner: String, runIDs: [Int64], until: Date) async throws -> Set<Int64>
+    /// Gives up `owner`'s lease on the run.
+    func release(runID: Int64, owner: String) async throws
+    /// Releases the runs of incarnations proven dead, and forgets them; returns them with their run counts.
+    @discardableResult
+    func releaseRunsOfDeadIncarnations(except own: Incarnation) async throws -> [(owner: String, runs: Int)]
+    /// Unfinished, unparked runs of `flows` that no engine holds, oldest first.
+    func claimableRuns(flows: [String], now: Date) async throws -> [RunRecord]
+    /// Parked runs whose step's deadline has passed.
+    func dueTimeouts(now: Date) async throws -> [RunRecord]
+
+    // MARK: Subject state
+
+    /// Whether `subject` has never used `feature` (or it was reset).
+    func isFirstUse(subject: String, feature: String) async throws -> Bool
+    /// Marks `feature` used by `subject` now, unless it already is.
+    func markUsed(subject: String, feature: String) async throws
+    /// The stored, unexpired session of `subject`.
+    func session(subject: String) async throws -> StoredSession?
+    /// Stores the session of `subject` and unhops its parked login steps; returns their runs.
+    @discardableResult
+    func storeSession(subject: String, userID: String, token: String, expiresAt: Date?) async throws -> [Int64]
+    /// Removes the session of `subject` and re-routes its steps that lasted while it was stored.
+    @discardableResult
+    func deleteSession(subject: String) async throws -> (removed: Bool, rerouted: [Int64])
+    /// Removes the sessions whose expiry has come, as logouts; returns the runs re-routed.
+    @discardableResult
+    func expireSessions(now: Date) async throws -> [Int64]
+    /// The daemon's fact `key` about `subject`.
+    func fact(subject: String, key: String) async throws -> String?
+    /// Stores the daemon's fact `key` = `value` about `subject`.
+    func setFact(subject: String, key: String, value: String) async throws
+}
+
+extension HopStorage {
+    /// The whole history of a run, in order.
+    package func history(runID: Int64) async throws -> [HistoryEntry] { try await history(runID: runID, limit: nil) }
+
+    /// Ends the step in flight with an unhop from outside the engine (no owner).
+    @discardableResult
+    package func recordUnhop(runID: Int64, token: String, output: String? = nil) async throws -> HistoryEntry {
+        try await recordUnhop(runID: runID, token: token, output: output, owner: nil)
+    }
+
+    /// Stores the session of `subject` with no expiry.
+    @discardableResult
+    package func storeSession(subject: String, userID: String, token: String) async throws -> [Int64] {
+        try await storeSession(subject: subject, userID: userID, token: token, expiresAt: nil)
+    }
+}
+
+/// The name under which a run's history records that it marked `feature` used.
+package func markUsedEffectName(_ feature: String) -> String { "markUsed(\(feature))" }
