@@ -16,6 +16,7 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
         .package(url: "https://github.com/swift-server/swift-service-lifecycle", from: "2.13.0"),
         .package(url: "https://github.com/apple/swift-metrics", from: "2.13.0"),
+        .package(url: "https://github.com/swiftlang/swift-docc-plugin", from: "1.5.0"),
     ],
     targets: [
         .systemLibrary(
@@ -102,7 +103,9 @@ let package = Package(
         ),
         .executableTarget(
             name: "hop-test-faults",
-            dependencies: ["HopEngine", "CHopFaultVFS", "HopTestSupport", .product(name: "Logging", package: "swift-log")],
+            dependencies: [
+                "HopEngine", "CHopFaultVFS", "HopTestSupport", .product(name: "Logging", package: "swift-log"),
+            ],
             path: "Tests/HopTestFaults"
         ),
         .target(

@@ -27,7 +27,10 @@ enum Fixtures {
                 INSERT INTO runs (id, flow, subject, flow_version, status, current_step, current_token, created_at, updated_at)
                 VALUES (?1, 'chain', ?2, '1', ?3, ?4, ?5, ?6, ?6)
                 """,
-                [.integer(id), .text("subject-\(index)"), .text(parked ? "parked" : "running"), .text(chainSteps[at]), .text(token), .integer(now)])
+                [
+                    .integer(id), .text("subject-\(index)"), .text(parked ? "parked" : "running"),
+                    .text(chainSteps[at]), .text(token), .integer(now),
+                ])
             var seq: Int64 = 0
             func append(_ kind: String, _ step: String, _ token: String) throws {
                 seq += 1

@@ -47,7 +47,8 @@ struct HopBench: AsyncParsableCommand {
 
     func validate() throws {
         for name in only + (child.map { [$0] } ?? []) where !(Self.scenarios + Self.internalScenarios).contains(name) {
-            throw ValidationError("no scenario is named '\(name)'; the scenarios are \(Self.scenarios.joined(separator: ", "))")
+            throw ValidationError(
+                "no scenario is named '\(name)'; the scenarios are \(Self.scenarios.joined(separator: ", "))")
         }
     }
 
@@ -91,8 +92,15 @@ struct HopBench: AsyncParsableCommand {
         let rows = figures.map { figure -> [String] in
             var verdict = ""
             if let target = Self.targets[figure.name] {
-                if let floor = target.atLeast { verdict = figure.value >= floor ? "met (≥ \(Figure.format(floor)))" : "MISSED (≥ \(Figure.format(floor)))" }
-                if let ceiling = target.atMost { verdict = figure.value <= ceiling ? "met (≤ \(Figure.format(ceiling)))" : "MISSED (≤ \(Figure.format(ceiling)))" }
+                if let floor = target.atLeast {
+                    verdict =
+                        figure.value >= floor ? "met (≥ \(Figure.format(floor)))" : "MISSED (≥ \(Figure.format(floor)))"
+                }
+                if let ceiling = target.atMost {
+                    verdict =
+                        figure.value <= ceiling
+                        ? "met (≤ \(Figure.format(ceiling)))" : "MISSED (≤ \(Figure.format(ceiling)))"
+                }
             }
             return [figure.name, Figure.format(figure.value), figure.unit, verdict]
         }
@@ -100,7 +108,8 @@ struct HopBench: AsyncParsableCommand {
         let widths = (0..<header.count).map { column in ([header] + rows).map { $0[column].count }.max() ?? 0 }
         func line(_ cells: [String]) -> String {
             cells.enumerated().map { index, cell in
-                index == 1 ? String(repeating: " ", count: widths[index] - cell.count) + cell
+                index == 1
+                    ? String(repeating: " ", count: widths[index] - cell.count) + cell
                     : cell + String(repeating: " ", count: widths[index] - cell.count)
             }.joined(separator: "  ").trimmingCharacters(in: .whitespaces)
         }

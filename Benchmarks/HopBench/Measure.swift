@@ -60,7 +60,9 @@ enum Measure {
     }
 
     /// Waits until `condition` holds, checking every millisecond.
-    static func waitUntil(_ what: String, timeout: Duration = .seconds(600), _ condition: () async throws -> Bool) async throws {
+    static func waitUntil(
+        _ what: String, timeout: Duration = .seconds(600), _ condition: () async throws -> Bool
+    ) async throws {
         let deadline = ContinuousClock.now.advanced(by: timeout)
         while try await !condition() {
             guard ContinuousClock.now < deadline else { throw BenchError("timed out waiting until \(what)") }

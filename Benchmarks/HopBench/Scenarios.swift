@@ -24,7 +24,9 @@ struct Scenarios {
         case "hopctl": try await hopctl()
         case "parked-memory": try await parkedMemory()
         case "parked-memory-restart": try await parkedMemoryRestart()
-        default: throw BenchError("no scenario is named '\(name)'; the scenarios are \(HopBench.scenarios.joined(separator: ", "))")
+        default:
+            throw BenchError(
+                "no scenario is named '\(name)'; the scenarios are \(HopBench.scenarios.joined(separator: ", "))")
         }
     }
 
@@ -55,7 +57,9 @@ struct Scenarios {
             engineSeconds += try await Measure.seconds {
                 let run = try await engine.start("loop", subject: "round-\(round)")
                 let settled = try await engine.settled(runID: run.id)
-                guard settled?.status == .completed else { throw BenchError("the loop run ended \(settled?.status.rawValue ?? "missing")") }
+                guard settled?.status == .completed else {
+                    throw BenchError("the loop run ended \(settled?.status.rawValue ?? "missing")")
+                }
             }
             rawSeconds += try await raw.pairs(perRound)
         }
@@ -89,14 +93,17 @@ struct Scenarios {
                     group.addTask {
                         let run = try await engine.start("pair", subject: "device-\(index)")
                         let settled = try await engine.settled(runID: run.id)
-                        guard settled?.status == .completed else { throw BenchError("run \(run.id) ended \(settled?.status.rawValue ?? "missing")") }
+                        guard settled?.status == .completed else {
+                            throw BenchError("run \(run.id) ended \(settled?.status.rawValue ?? "missing")")
+                        }
                     }
                 }
                 try await group.waitForAll()
             }
         }
         let after = await store.commitStatistics
-        let rawSeconds = try await RawBaseline(path: path("concurrent-raw.sqlite"), durability: .full).pairs(quick ? 50 : 300)
+        let rawSeconds = try await RawBaseline(path: path("concurrent-raw.sqlite"), durability: .full).pairs(
+            quick ? 50 : 300)
         let rate = Double(runs * 2) / seconds
         let rawRate = Double(quick ? 50 : 300) / rawSeconds
         return [
@@ -105,7 +112,8 @@ struct Scenarios {
             Figure("concurrent-hops.ratio", rate / rawRate, "x"),
             Figure(
                 "concurrent-hops.writes-per-commit",
-                Double(after.writes - before.writes) / Double(max(1, after.transactions - before.transactions)), "writes"),
+                Double(after.writes - before.writes) / Double(max(1, after.transactions - before.transactions)),
+                "writes"),
         ]
     }
 
@@ -134,7 +142,9 @@ struct Scenarios {
         @Sendable func flow(_ subject: String) async throws {
             let run = try await engine.start("startup", subject: subject)
             let settled = try await engine.settled(runID: run.id)
-            guard settled?.status == .completed else { throw BenchError("run \(run.id) ended \(settled?.status.rawValue ?? "missing")") }
+            guard settled?.status == .completed else {
+                throw BenchError("run \(run.id) ended \(settled?.status.rawValue ?? "missing")")
+            }
         }
         let sequentialSeconds = try await Measure.seconds {
             for index in 0..<sequential { try await flow("sequential-\(index)") }
@@ -209,7 +219,9 @@ struct Scenarios {
         _ = try await Fixtures.hopDatabase(database)
         try Fixtures.writeChainRuns(runs, to: database)
         let rows = try RawSQLite(path: database, synchronous: "NORMAL").run("SELECT count(*) FROM history") ?? 0
-        let executable = URL(fileURLWithPath: Self.executablePath).deletingLastPathComponent().appendingPathComponent("hopctl").path
+        let executable = URL(fileURLWithPath: Self.executablePath).deletingLastPathComponent().appendingPathComponent(
+            "hopctl"
+        ).path
         guard FileManager.default.isExecutableFile(atPath: executable) else {
             throw BenchError("hopctl is not built beside hop-bench (\(executable)); run `swift build -c release` first")
         }
@@ -238,7 +250,8 @@ struct Scenarios {
         let engine = HopEngine(
             store: store, logger: Self.quiet,
             configuration: .init(
-                observer: { event in if case .ready = event { ready.store(true, ordering: .relaxed) } }, engineID: "hop-bench"))
+                observer: { event in if case .ready = event { ready.store(true, ordering: .relaxed) } },
+                engineID: "hop-bench"))
         engine.register(Flow("park", version: "1") { flow in try await flow.hop(to: "wait") })
         engine.register(step: "wait", .external)
         let service = Task { try await engine.run() }
@@ -358,11 +371,13 @@ final class RawBaseline {
                 let token = "token-\(index)"
                 try write(
                     "hop", token: token, now: now,
-                    update: "UPDATE runs SET current_step = 'tick', current_token = ?2, status = 'running', updated_at = ?3 WHERE id = ?1",
+                    update:
+                        "UPDATE runs SET current_step = 'tick', current_token = ?2, status = 'running', updated_at = ?3 WHERE id = ?1",
                     [.integer(1), .text(token), .integer(now)])
                 try write(
                     "unhop", token: token, now: now,
-                    update: "UPDATE runs SET current_step = NULL, current_token = NULL, status = 'running', updated_at = ?2 WHERE id = ?1",
+                    update:
+                        "UPDATE runs SET current_step = NULL, current_token = NULL, status = 'running', updated_at = ?2 WHERE id = ?1",
                     [.integer(1), .integer(now)])
             }
         }

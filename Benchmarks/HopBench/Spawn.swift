@@ -10,7 +10,8 @@ import Glibc
 ///
 /// Foundation's `Process` is not used: its `run()` over-reads a `dirent` on Linux
 /// (swift-corelibs-foundation PR #5472) and crashes now and then. Blocks the calling thread.
-func spawnAndWait(_ executable: String, _ arguments: [String], stdoutPath: String?, stderrPath: String) throws -> Int32 {
+func spawnAndWait(_ executable: String, _ arguments: [String], stdoutPath: String?, stderrPath: String) throws -> Int32
+{
     var actions = posix_spawn_file_actions_t()
     posix_spawn_file_actions_init(&actions)
     defer { posix_spawn_file_actions_destroy(&actions) }

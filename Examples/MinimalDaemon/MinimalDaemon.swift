@@ -6,7 +6,7 @@ import ServiceLifecycle
 // The start-up flow, written in one place; steps only report that they finished.
 let startup = Flow("startup", version: "1") { flow in
     if try await flow.hop(to: "splash", timeout: .seconds(10)).timedOut {
-        try await flow.sleep(for: .seconds(30), name: "splash-backoff")   // a durable timer
+        try await flow.sleep(for: .seconds(30), name: "splash-backoff")  // a durable timer
     }
     if try await flow.isFirstUse("onboarding") {
         try await flow.hop(to: "onboarding")
@@ -39,20 +39,21 @@ enum MinimalDaemon {
     static func main() async throws {
         LoggingSystem.bootstrap(StreamLogHandler.standardError)
         let logger = Logger(label: "my-daemon")
-        let store = try await HopStore.open(logger: logger)       // $HOP_DB, else the default location
+        let store = try await HopStore.open(logger: logger)  // $HOP_DB, else the default location
         let engine = HopEngine(
             store: store, logger: logger,
             configuration: .init(engineID: "my-daemon@\(ProcessInfo.processInfo.hostName)"))
         engine.register(startup)
         engine.register(step: "splash") { _ in try await Task.sleep(for: .milliseconds(200)) }
-        engine.register(step: "onboarding", .external)                            // hopctl unhop
-        engine.register(step: "login", .external(unhopWhen: .sessionStored))      // hopctl session login
-        engine.register(step: "main", .external(unhopWhen: .sessionRemoved))      // hopctl session logout
+        engine.register(step: "onboarding", .external)  // hopctl unhop
+        engine.register(step: "login", .external(unhopWhen: .sessionStored))  // hopctl session login
+        engine.register(step: "main", .external(unhopWhen: .sessionRemoved))  // hopctl session logout
 
-        let group = ServiceGroup(configuration: .init(
-            services: [.init(service: engine), .init(service: MyDaemon(engine: engine, logger: logger))],
-            gracefulShutdownSignals: [.sigterm, .sigint],
-            logger: logger))
-        try await group.run()          // SIGTERM: in-flight steps are cancelled, runs stay resumable
+        let group = ServiceGroup(
+            configuration: .init(
+                services: [.init(service: engine), .init(service: MyDaemon(engine: engine, logger: logger))],
+                gracefulShutdownSignals: [.sigterm, .sigint],
+                logger: logger))
+        try await group.run()  // SIGTERM: in-flight steps are cancelled, runs stay resumable
     }
 }

@@ -128,9 +128,10 @@ struct DemoService: Service {
         let flags = try await store.firstUseFlags(subject: subject).map(\.feature)
         let session = try await store.session(subject: subject)
         let runs = try await store.allRuns(flow: "startup", subject: subject)
-        narrator.note("stored state for \(subject): used \(flags.isEmpty ? "nothing yet" : flags.joined(separator: ", ")); "
-            + "session \(session.map { "of \($0.userID) (token \(StoredSession.redact($0.token)))" } ?? "none"); "
-            + "\(runs.count) run\(runs.count == 1 ? "" : "s") of startup")
+        narrator.note(
+            "stored state for \(subject): used \(flags.isEmpty ? "nothing yet" : flags.joined(separator: ", ")); "
+                + "session \(session.map { "of \($0.userID) (token \(StoredSession.redact($0.token)))" } ?? "none"); "
+                + "\(runs.count) run\(runs.count == 1 ? "" : "s") of startup")
     }
 }
 

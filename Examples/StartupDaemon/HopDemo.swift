@@ -11,7 +11,8 @@ import Synchronization
 struct HopDemo: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "hop-demo",
-        abstract: "Run the start-up flow of a daemon with Hop: splash, onboarding on first use, login without a stored session, main.",
+        abstract:
+            "Run the start-up flow of a daemon with Hop: splash, onboarding on first use, login without a stored session, main.",
         version: "hop-demo \(HopVersion.current)")
 
     @Flag(help: "Finish onboarding and login automatically after a short pause.")
@@ -52,7 +53,8 @@ struct HopDemo: AsyncParsableCommand {
         registerStartupSteps(on: engine)
         let outcome = Outcome()
         let demo = DemoService(
-            engine: engine, store: store, events: events, ticks: continuation, narrator: narrator, subject: subject, auto: auto,
+            engine: engine, store: store, events: events, ticks: continuation, narrator: narrator, subject: subject,
+            auto: auto,
             outcome: outcome)
         let group = ServiceGroup(
             configuration: ServiceGroupConfiguration(
@@ -80,7 +82,8 @@ struct HopDemo: AsyncParsableCommand {
         case .recorded(let run, let entry) where entry.kind == .hop && run.flow == "startup":
             systemd.notify("STATUS=startup for \(run.subject) at \(entry.step ?? "?")")
         case .settled(let run) where run.flow == "startup":
-            systemd.notify("STATUS=startup for \(run.subject) \(run.status.rawValue)\(run.currentStep.map { " at \($0)" } ?? "")")
+            systemd.notify(
+                "STATUS=startup for \(run.subject) \(run.status.rawValue)\(run.currentStep.map { " at \($0)" } ?? "")")
         default:
             break
         }

@@ -31,7 +31,8 @@ final class Narrator: Sendable {
         case .hop: say("hop    -> \(step)")
         case .unhop: say("unhop  <- \(step)")
         case .decision where step == "session":
-            let user = event.value.flatMap { try? JSONDecoder().decode(SessionInfo.self, from: Data($0.utf8)) }.map(\.userID)
+            let user = event.value.flatMap { try? JSONDecoder().decode(SessionInfo.self, from: Data($0.utf8)) }.map(
+                \.userID)
             say("stored session: \(user ?? "none")")
         case .decision where step.hasPrefix("isFirstUse("):
             let feature = step.dropFirst("isFirstUse(".count).dropLast()
@@ -48,7 +49,8 @@ final class Narrator: Sendable {
         let subjectFlag = subject == "default" ? "" : " --subject \(subject)"
         switch step {
         case "login": note("waiting for a login: run `\(hopctl) session login alice\(subjectFlag)`")
-        default: note("waiting for \(step) to finish: run `\(hopctl) unhop --flow startup --step \(step)\(subjectFlag)`")
+        default:
+            note("waiting for \(step) to finish: run `\(hopctl) unhop --flow startup --step \(step)\(subjectFlag)`")
         }
     }
 }

@@ -35,7 +35,9 @@ for path in arguments.dropFirst() {
 }
 entries.sort { $0.version < $1.version }
 for (index, entry) in entries.enumerated() where entry.version != index + 1 {
-    fail("Migrations/: expected version \(index + 1) but found \(entry.version) (\(entry.name)); versions run 1, 2, 3… without gaps or repeats")
+    fail(
+        "Migrations/: expected version \(index + 1) but found \(entry.version) (\(entry.name)); versions run 1, 2, 3… without gaps or repeats"
+    )
 }
 
 func rawLiteral(_ text: String) -> String {

@@ -9,7 +9,8 @@ struct GlobalOptions: ParsableArguments {
 
     @Option(
         name: .long, parsing: .unconditional,
-        help: ArgumentHelp("How long a write waits for a daemon's write lock, in milliseconds (0 to 600000).", valueName: "ms"))
+        help: ArgumentHelp(
+            "How long a write waits for a daemon's write lock, in milliseconds (0 to 600000).", valueName: "ms"))
     var busyTimeout: Int = 5000
 
     var path: String { db ?? DatabaseLocation.defaultPath() }
@@ -23,7 +24,8 @@ struct GlobalOptions: ParsableArguments {
     /// Opens the database for a change: it must exist; its schema is brought up to date.
     func openForWriting() async throws -> HopStore {
         try await HopStore.open(
-            path: path, options: HopStore.Options(busyTimeout: .milliseconds(busyTimeout), createIfMissing: false, migrate: true))
+            path: path,
+            options: HopStore.Options(busyTimeout: .milliseconds(busyTimeout), createIfMissing: false, migrate: true))
     }
 }
 
@@ -46,8 +48,9 @@ extension GlobalOptions {
         }
         guard !leading.isEmpty else { return arguments }
         // Reads never wait for a writer: a leading --busy-timeout (say, from a shell alias) does not apply to them.
-        if let command = rest.first, readCommands.contains(command) || (command == "session" && rest.dropFirst().first == "show")
-            || command == "first-use"
+        if let command = rest.first,
+            readCommands.contains(command) || (command == "session" && rest.dropFirst().first == "show")
+                || command == "first-use"
         {
             leading = Self.withoutBusyTimeout(leading)
         }
@@ -92,7 +95,9 @@ struct ReadOptions: ParsableArguments {
 struct SubjectOption: ParsableArguments {
     @Option(
         name: .long,
-        help: ArgumentHelp("The subject: whom the flows and stored state are for (a device, a user; default: default).", valueName: "subject"))
+        help: ArgumentHelp(
+            "The subject: whom the flows and stored state are for (a device, a user; default: default).",
+            valueName: "subject"))
     var subject: String = "default"
 
     func validate() throws { try checkIdentifier(subject, as: "subject") }

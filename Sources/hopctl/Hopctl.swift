@@ -46,9 +46,12 @@ struct Hopctl: AsyncParsableCommand {
 func checkArgumentsAreUTF8() throws {
     for index in 1..<Int(CommandLine.argc) {
         guard let argument = CommandLine.unsafeArgv[index] else { continue }
-        let bytes = UnsafeBufferPointer(start: UnsafeRawPointer(argument).assumingMemoryBound(to: UInt8.self), count: strlen(argument))
+        let bytes = UnsafeBufferPointer(
+            start: UnsafeRawPointer(argument).assumingMemoryBound(to: UInt8.self), count: strlen(argument))
         if String(validating: bytes, as: UTF8.self) == nil {
-            throw UsageError("argument \(index) is not valid UTF-8; names, subjects, keys, paths and tokens must be UTF-8 text (nothing was changed)")
+            throw UsageError(
+                "argument \(index) is not valid UTF-8; names, subjects, keys, paths and tokens must be UTF-8 text (nothing was changed)"
+            )
         }
     }
 }
@@ -56,17 +59,24 @@ func checkArgumentsAreUTF8() throws {
 /// Refuses an unknown command with the closest known one, e.g. `statuss` → `status`.
 func checkCommandIsKnown(_ arguments: [String]) throws {
     guard let word = arguments.first, !word.hasPrefix("-") else { return }
-    let commands = Hopctl.configuration.subcommands.map { $0.configuration.commandName ?? String(describing: $0).lowercased() } + ["help"]
+    let commands =
+        Hopctl.configuration.subcommands.map { $0.configuration.commandName ?? String(describing: $0).lowercased() } + [
+            "help"
+        ]
     guard !commands.contains(word) else { return }
     let closest = commands.min { editDistance(word, $0) < editDistance(word, $1) }
     var message = "'\(Output.printable(String(word.prefix(40))))' is not a hopctl command"
-    if let closest, editDistance(word, closest) <= max(2, closest.count / 3) { message += "; did you mean `hopctl \(closest)`?" }
-    throw UsageError(message + " The commands: \(commands.filter { $0 != "help" }.joined(separator: ", ")) (see `hopctl --help`)")
+    if let closest, editDistance(word, closest) <= max(2, closest.count / 3) {
+        message += "; did you mean `hopctl \(closest)`?"
+    }
+    throw UsageError(
+        message + " The commands: \(commands.filter { $0 != "help" }.joined(separator: ", ")) (see `hopctl --help`)")
 }
 
 /// The Levenshtein distance between `a` and `b`.
 func editDistance(_ a: String, _ b: String) -> Int {
-    let a = Array(a), b = Array(b)
+    let a = Array(a)
+    let b = Array(b)
     var previous = Array(0...b.count)
     for (i, x) in a.enumerated() {
         var current = [i + 1]

@@ -9,13 +9,17 @@ import Testing
         let folder = try TemporaryDirectory()
         let first = try await run("hop-demo", ["--auto", "--db", folder.database], in: folder)
         #expect(first.status == 0, "\(first.stderr)")
-        for line in ["hop    -> splash", "first use of onboarding: yes", "hop    -> onboarding", "stored session: none", "hop    -> login", "hop    -> main", "run 1 is completed"] {
+        for line in [
+            "hop    -> splash", "first use of onboarding: yes", "hop    -> onboarding", "stored session: none",
+            "hop    -> login", "hop    -> main", "run 1 is completed",
+        ] {
             #expect(first.stdout.contains(line), "first run lacks \"\(line)\":\n\(first.stdout)")
         }
 
         let second = try await run("hop-demo", ["--auto", "--db", folder.database], in: folder)
         #expect(second.status == 0)
-        #expect(second.stdout.contains("first use of onboarding: no") && second.stdout.contains("stored session: alice"))
+        #expect(
+            second.stdout.contains("first use of onboarding: no") && second.stdout.contains("stored session: alice"))
         #expect(!second.stdout.contains("-> onboarding") && !second.stdout.contains("-> login"))
         #expect(second.stdout.contains("hop    -> main") && second.stdout.contains("run 2 is completed"))
 
@@ -41,9 +45,13 @@ import Testing
         defer { second.kill() }
         try await second.waitForOutput("resuming run 1 of startup for default at onboarding")
         try await second.waitForOutput("parked at onboarding")
-        #expect(try await run("hopctl", ["unhop", "--flow", "startup", "--step", "onboarding", "--db", folder.database], in: folder).status == 0)
+        #expect(
+            try await run(
+                "hopctl", ["unhop", "--flow", "startup", "--step", "onboarding", "--db", folder.database], in: folder
+            ).status == 0)
         try await second.waitForOutput("run `hopctl --db \(folder.database) session login alice`")
-        #expect(try await run("hopctl", ["session", "login", "alice", "--db", folder.database], in: folder).status == 0)
+        #expect(
+            try await run("hopctl", ["session", "login", "alice", "--db", folder.database], in: folder).status == 0)
         try await second.waitForOutput("run 1 is completed")
         #expect(try await second.waitForExit() == 0)
         #expect(!second.stdout.contains("splash"), "splash was shown again:\n\(second.stdout)")
@@ -70,7 +78,8 @@ import Testing
         let demo = try ChildProcess("hop-demo", ["--db", folder.database], directory: folder)
         defer { demo.kill() }
         try await demo.waitForOutput("parked at onboarding")
-        #expect(try await run("hopctl", ["cancel", "--flow", "startup", "--db", folder.database], in: folder).status == 0)
+        #expect(
+            try await run("hopctl", ["cancel", "--flow", "startup", "--db", folder.database], in: folder).status == 0)
         #expect(try await demo.waitForExit(timeout: .seconds(30)) == 0, "\(demo.stdout)\(demo.stderr)")
         #expect(demo.stdout.contains("run 1 is cancelled"), "\(demo.stdout)")
     }
@@ -80,14 +89,20 @@ import Testing
         let demo = try ChildProcess("hop-demo", ["--db", folder.database], directory: folder)
         defer { demo.kill() }
         try await demo.waitForOutput("parked at onboarding")
-        #expect(try await run("hopctl", ["restart", "--flow", "startup", "--db", folder.database], in: folder).status == 0)
-        try await demo.waitForOutput("run 1 was restarted by another process as run 2: following it", timeout: .seconds(30))
+        #expect(
+            try await run("hopctl", ["restart", "--flow", "startup", "--db", folder.database], in: folder).status == 0)
+        try await demo.waitForOutput(
+            "run 1 was restarted by another process as run 2: following it", timeout: .seconds(30))
         let store = try await HopStore.open(path: folder.database)
         try await waitUntil("the daemon executes run 2 to onboarding", timeout: .seconds(30)) {
             try await store.run(id: 2)?.status == .parked
         }
-        #expect(try await run("hopctl", ["unhop", "--flow", "startup", "--step", "onboarding", "--db", folder.database], in: folder).status == 0)
-        #expect(try await run("hopctl", ["session", "login", "alice", "--db", folder.database], in: folder).status == 0)
+        #expect(
+            try await run(
+                "hopctl", ["unhop", "--flow", "startup", "--step", "onboarding", "--db", folder.database], in: folder
+            ).status == 0)
+        #expect(
+            try await run("hopctl", ["session", "login", "alice", "--db", folder.database], in: folder).status == 0)
         #expect(try await demo.waitForExit(timeout: .seconds(30)) == 0, "\(demo.stdout)\(demo.stderr)")
         #expect(demo.stdout.contains("run 2 is completed"), "\(demo.stdout)")
     }
@@ -103,8 +118,12 @@ import Testing
         defer { second.kill() }
         try await second.waitForOutput("resuming run 1 of startup for default at onboarding")
         first.kill(SIGSTOP)
-        #expect(try await run("hopctl", ["unhop", "--flow", "startup", "--step", "onboarding", "--db", folder.database], in: folder).status == 0)
-        #expect(try await run("hopctl", ["session", "login", "alice", "--db", folder.database], in: folder).status == 0)
+        #expect(
+            try await run(
+                "hopctl", ["unhop", "--flow", "startup", "--step", "onboarding", "--db", folder.database], in: folder
+            ).status == 0)
+        #expect(
+            try await run("hopctl", ["session", "login", "alice", "--db", folder.database], in: folder).status == 0)
         #expect(try await second.waitForExit(timeout: .seconds(30)) == 0, "\(second.stdout)\(second.stderr)")
         first.kill(SIGCONT)
         #expect(try await first.waitForExit(timeout: .seconds(30)) == 0, "\(first.stdout)\(first.stderr)")
@@ -120,9 +139,13 @@ import Testing
         try await demo.waitForOutput("parked at onboarding")
         // A history that the flow code does not match (as if another version had recorded it):
         // when the run moves on, it diverges.
-        let rename = try await run("hop-test-store", ["set-history-step", folder.database, "1", "1", "intro"], in: folder)
+        let rename = try await run(
+            "hop-test-store", ["set-history-step", folder.database, "1", "1", "intro"], in: folder)
         #expect(rename.status == 0, "\(rename.stderr)")
-        #expect(try await run("hopctl", ["unhop", "--flow", "startup", "--step", "onboarding", "--db", folder.database], in: folder).status == 0)
+        #expect(
+            try await run(
+                "hopctl", ["unhop", "--flow", "startup", "--step", "onboarding", "--db", folder.database], in: folder
+            ).status == 0)
         #expect(try await demo.waitForExit(timeout: .seconds(30)) == 1, "\(demo.stdout)\(demo.stderr)")
         #expect(demo.stdout.contains("run 1 is diverged"), "\(demo.stdout)")
     }

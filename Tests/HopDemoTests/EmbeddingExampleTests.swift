@@ -6,17 +6,22 @@ import Testing
 /// The README's "Embedding in a daemon" example is `Examples/MinimalDaemon/MinimalDaemon.swift`,
 /// compiled as `hop-minimal-daemon`; these tests keep the two the same and run the daemon.
 @Suite struct EmbeddingExampleTests {
-    static let packageRoot = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+    static let packageRoot = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+        .deletingLastPathComponent()
 
     @Test func theReadmeShowsTheCompiledExampleVerbatim() throws {
         let readme = try String(contentsOf: Self.packageRoot.appendingPathComponent("README.md"), encoding: .utf8)
         let source = try String(
-            contentsOf: Self.packageRoot.appendingPathComponent("Examples/MinimalDaemon/MinimalDaemon.swift"), encoding: .utf8)
+            contentsOf: Self.packageRoot.appendingPathComponent("Examples/MinimalDaemon/MinimalDaemon.swift"),
+            encoding: .utf8)
         let marker = "<!-- Examples/MinimalDaemon/MinimalDaemon.swift -->\n```swift\n"
         let start = try #require(readme.range(of: marker), "README lacks the marker before the embedding example")
         let end = try #require(readme.range(of: "```\n", range: start.upperBound..<readme.endIndex))
         let shown = String(readme[start.upperBound..<end.lowerBound])
-        #expect(shown == source, "README's embedding example differs from Examples/MinimalDaemon/MinimalDaemon.swift; copy the file into the README")
+        #expect(
+            shown == source,
+            "README's embedding example differs from Examples/MinimalDaemon/MinimalDaemon.swift; copy the file into the README"
+        )
     }
 
     @Test func theExampleDaemonRunsTheFlowIsReroutedByLogoutAndStopsOnSigterm() async throws {
@@ -29,10 +34,12 @@ import Testing
         var opened: HopStore?
         try await waitUntil("hop-minimal-daemon created its database", timeout: .seconds(120)) {
             if let status = daemon.exitStatus {
-                throw TestFailure("hop-minimal-daemon ended with \(status) before creating its database:\n\(daemon.stderr)")
+                throw TestFailure(
+                    "hop-minimal-daemon ended with \(status) before creating its database:\n\(daemon.stderr)")
             }
             do {
-                opened = try await HopStore.open(path: folder.database, options: .init(createIfMissing: false, migrate: false))
+                opened = try await HopStore.open(
+                    path: folder.database, options: .init(createIfMissing: false, migrate: false))
             } catch let error as HopError where [.missing, .schemaOutdated, .busy].contains(error.code) {
                 return false
             }
@@ -50,7 +57,9 @@ import Testing
                     return run?.status == .parked && run?.currentStep == step
                 }
             } catch {
-                let runs = try await store.runs().map { "\($0.id) \($0.status.rawValue) \($0.currentStep ?? "-") owner \($0.owner ?? "-")" }
+                let runs = try await store.runs().map {
+                    "\($0.id) \($0.status.rawValue) \($0.currentStep ?? "-") owner \($0.owner ?? "-")"
+                }
                 throw TestFailure("\(error)\nruns: \(runs)\nhop-minimal-daemon stderr:\n\(daemon.stderr)")
             }
         }

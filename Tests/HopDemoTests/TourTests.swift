@@ -16,8 +16,10 @@ import Testing
         let commands = steps.map(\.command)
         #expect(
             commands == [
-                "hop-demo --auto", "hop-demo --auto", "hopctl reset-first-use onboarding", "hopctl session logout", "hop-demo",
-                "hopctl status", "hopctl unhop --flow startup --step onboarding", "hopctl session login alice --expires-in 30d",
+                "hop-demo --auto", "hop-demo --auto", "hopctl reset-first-use onboarding", "hopctl session logout",
+                "hop-demo",
+                "hopctl status", "hopctl unhop --flow startup --step onboarding",
+                "hopctl session login alice --expires-in 30d",
                 "hop-demo", "hopctl history --flow startup --limit 6", "hopctl graph --flow startup",
             ], "the tour changed: update this test with it")
         guard commands.count == 11 else { return }
@@ -48,21 +50,31 @@ import Testing
         for index in 9...10 { try await check(steps[index], try await run(steps[index], in: folder, environment)) }
     }
 
-    private func run(_ step: Step, in folder: TemporaryDirectory, _ environment: [String: String]) async throws -> (String, String) {
+    private func run(
+        _ step: Step, in folder: TemporaryDirectory, _ environment: [String: String]
+    ) async throws -> (String, String) {
         let child = try start(step, in: folder, environment)
         #expect(try await child.waitForExit() == 0, "\(step.command): \(child.stderr)")
         return (child.stdout, child.stderr)
     }
 
-    private func start(_ step: Step, in folder: TemporaryDirectory, _ environment: [String: String]) throws -> ChildProcess {
+    private func start(
+        _ step: Step, in folder: TemporaryDirectory, _ environment: [String: String]
+    ) throws -> ChildProcess {
         let words = step.command.split(separator: " ").map(String.init)
         return try ChildProcess(words[0], Array(words.dropFirst()), environment: environment, directory: folder)
     }
 
     private func check(_ step: Step, _ output: (stdout: String, stderr: String)) async throws {
         let shown = Self.normalized(step.expected)
-        let printed = Self.normalized(output.stdout.split(separator: "\n", omittingEmptySubsequences: false).map(String.init).filter { !$0.isEmpty })
-        #expect(printed == shown, "`\(step.command)` printed:\n\(output.stdout)\(output.stderr)\nthe README shows:\n\(step.expected.joined(separator: "\n"))")
+        let printed = Self.normalized(
+            output.stdout.split(separator: "\n", omittingEmptySubsequences: false).map(String.init).filter {
+                !$0.isEmpty
+            })
+        #expect(
+            printed == shown,
+            "`\(step.command)` printed:\n\(output.stdout)\(output.stderr)\nthe README shows:\n\(step.expected.joined(separator: "\n"))"
+        )
     }
 
     /// Lines with what differs from run to run replaced: elapsed times, ages, tokens, the database path.
@@ -80,7 +92,8 @@ import Testing
     /// The tour's `$` commands and outputs, from the README's console blocks.
     static func tour() throws -> [Step] {
         let readme = try String(contentsOf: packageRoot.appendingPathComponent("README.md"), encoding: .utf8)
-        guard let start = readme.range(of: "## A five-minute tour"), let end = readme.range(of: "## Writing a flow") else {
+        guard let start = readme.range(of: "## A five-minute tour"), let end = readme.range(of: "## Writing a flow")
+        else {
             throw TestFailure("the README has no tour section")
         }
         var steps: [Step] = []
@@ -101,6 +114,7 @@ import Testing
     }
 
     static var packageRoot: URL {
-        URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+        URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+            .deletingLastPathComponent()
     }
 }

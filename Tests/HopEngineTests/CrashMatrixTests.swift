@@ -18,7 +18,8 @@ import Testing
         let history = try await store.history(runID: run.id)
             .filter { $0.kind.isReplayed || $0.kind == .complete }
             .map { "\($0.kind.rawValue) \($0.step ?? "")" }
-        let lines = ((try? String(contentsOfFile: folder.database + ".bodies", encoding: .utf8)) ?? "").split(separator: "\n")
+        let lines = ((try? String(contentsOfFile: folder.database + ".bodies", encoding: .utf8)) ?? "").split(
+            separator: "\n")
         let steps = lines.filter { $0.hasPrefix("\(run.id) ") }.map { String($0.split(separator: " ")[1]) }
         return Outcome(history: history, bodies: Dictionary(steps.map { ($0, 1) }, uniquingKeysWith: +))
     }
@@ -27,16 +28,20 @@ import Testing
         let folder = try TemporaryDirectory()
         let result = try await run("hop-test-daemon", ["--db", folder.database], in: folder)
         #expect(result.status == 0, "\(result.stderr)")
-        let points = result.stdout.split(separator: "\n").filter { $0.hasPrefix("point ") }.map { String($0.dropFirst(6)) }
+        let points = result.stdout.split(separator: "\n").filter { $0.hasPrefix("point ") }.map {
+            String($0.dropFirst(6))
+        }
         return (points, try await outcome(folder))
     }
 
     @Test func killedAtEveryHopBoundaryTheFlowResumesToTheSameHistory() async throws {
         let (points, reference) = try await Self.uncrashed()
-        #expect(reference.history == [
-            "hop splash", "unhop splash", "decision isFirstUse(onboarding)", "hop onboarding", "unhop onboarding",
-            "effect markUsed(onboarding)", "decision session", "hop login", "unhop login", "hop main", "unhop main", "complete ",
-        ])
+        #expect(
+            reference.history == [
+                "hop splash", "unhop splash", "decision isFirstUse(onboarding)", "hop onboarding", "unhop onboarding",
+                "effect markUsed(onboarding)", "decision session", "hop login", "unhop login", "hop main", "unhop main",
+                "complete ",
+            ])
         #expect(reference.bodies == ["splash": 1, "onboarding": 1, "login": 1, "main": 1])
         // Before and after each of the 12 commits.
         #expect(points.count == 24)
@@ -44,7 +49,8 @@ import Testing
         for point in points {
             let folder = try TemporaryDirectory()
             let crashed = try ChildProcess(
-                "hop-test-daemon", ["--db", folder.database], environment: ["HOP_TEST_KILL_AT": point], directory: folder)
+                "hop-test-daemon", ["--db", folder.database], environment: ["HOP_TEST_KILL_AT": point],
+                directory: folder)
             try await crashed.waitForExit()
             #expect(crashed.wasSignalled && crashed.exitStatus == SIGKILL, "not killed at \(point): \(crashed.stdout)")
 
@@ -65,7 +71,8 @@ import Testing
                 if unhopped.contains(step) {
                     #expect(ranAfter == ranBefore, "(a) completed step \(step) ran again after a kill at \(point)")
                 } else if inFlight.contains(step) {
-                    #expect(ranAfter <= ranBefore + 1, "(b) in-flight step \(step) ran more than once more after \(point)")
+                    #expect(
+                        ranAfter <= ranBefore + 1, "(b) in-flight step \(step) ran more than once more after \(point)")
                     #expect(ranAfter >= 1, "in-flight step \(step) never ran after \(point)")
                 } else {
                     #expect(ranAfter == 1, "step \(step) ran \(ranAfter) times after a kill at \(point)")

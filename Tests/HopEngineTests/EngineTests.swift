@@ -8,7 +8,9 @@ import Synchronization
 import Testing
 
 @Suite struct EngineTests {
-    @Test(arguments: TestBackend.all) func startupFlowRunsEndToEndAndTheSecondStartSkipsOnboardingAndLogin(backend: TestBackend) async throws {
+    @Test(arguments: TestBackend.all) func startupFlowRunsEndToEndAndTheSecondStartSkipsOnboardingAndLogin(
+        backend: TestBackend
+    ) async throws {
         let folder = try TemporaryDirectory()
         let engine = try await startupEngine(folder, backend: backend)
         let store = engine.storage
@@ -24,21 +26,26 @@ import Testing
         #expect(try await store.storeSession(subject: "default", userID: "alice", token: "secret") == [run.id])
         try await engine.resumeAll()
         #expect(try await engine.settled(runID: run.id)?.status == .completed)
-        #expect(try await path(of: run.id, in: store) == [
-            "hop splash", "unhop splash", "decision isFirstUse(onboarding)", "hop onboarding", "unhop onboarding",
-            "effect markUsed(onboarding)", "decision session", "hop login", "unhop login", "hop main", "unhop main",
-        ])
+        #expect(
+            try await path(of: run.id, in: store) == [
+                "hop splash", "unhop splash", "decision isFirstUse(onboarding)", "hop onboarding", "unhop onboarding",
+                "effect markUsed(onboarding)", "decision session", "hop login", "unhop login", "hop main", "unhop main",
+            ])
         #expect(try await store.history(runID: run.id)[4].value == #"{"accepted":true}"#)
 
         let second = try await engine.start("startup")
         #expect(second.id != run.id)
         #expect(try await engine.settled(runID: second.id)?.status == .completed)
-        #expect(try await path(of: second.id, in: store) == [
-            "hop splash", "unhop splash", "decision isFirstUse(onboarding)", "decision session", "hop main", "unhop main",
-        ])
+        #expect(
+            try await path(of: second.id, in: store) == [
+                "hop splash", "unhop splash", "decision isFirstUse(onboarding)", "decision session", "hop main",
+                "unhop main",
+            ])
     }
 
-    @Test(arguments: TestBackend.all) func unhopWithStaleTokenIsRefusedAndADoubleUnhopChangesNothing(backend: TestBackend) async throws {
+    @Test(arguments: TestBackend.all) func unhopWithStaleTokenIsRefusedAndADoubleUnhopChangesNothing(
+        backend: TestBackend
+    ) async throws {
         let folder = try TemporaryDirectory()
         let engine = try await startupEngine(folder, backend: backend)
         let run = try await engine.start("startup")
@@ -49,11 +56,15 @@ import Testing
         #expect(stale?.code == .refused)
         try await engine.unhop(flow: "startup", token: onboarding.token)
         _ = try await engine.settled(runID: run.id)
-        let twice = await #expect(throws: HopError.self) { try await engine.unhop(flow: "startup", token: onboarding.token) }
+        let twice = await #expect(throws: HopError.self) {
+            try await engine.unhop(flow: "startup", token: onboarding.token)
+        }
         #expect(twice?.description.contains("already unhopped") == true)
         let history = try await engine.storage.history(runID: run.id)
         #expect(history.filter { $0.kind == .unhop && $0.step == "onboarding" }.count == 1)
-        #expect(history.filter { $0.kind == .hop && $0.step == "login" }.count == 1, "the double unhop did not run the next step again")
+        #expect(
+            history.filter { $0.kind == .hop && $0.step == "login" }.count == 1,
+            "the double unhop did not run the next step again")
     }
 
     @Test(arguments: TestBackend.all) func unhopOfACancelledRunIsRefused(backend: TestBackend) async throws {
@@ -63,14 +74,20 @@ import Testing
         _ = try await engine.settled(runID: run.id)
         let onboarding = try #require(try await engine.inFlight(flow: "startup"))
         #expect(try await engine.cancel(flow: "startup").status == .cancelled)
-        let error = await #expect(throws: (any Error).self) { try await engine.unhop(flow: "startup", token: onboarding.token) }
+        let error = await #expect(throws: (any Error).self) {
+            try await engine.unhop(flow: "startup", token: onboarding.token)
+        }
         #expect("\(error.map { "\($0)" } ?? "")".contains("no unfinished run"))
-        let refused = await #expect(throws: HopError.self) { try await engine.storage.recordUnhop(runID: run.id, token: onboarding.token) }
+        let refused = await #expect(throws: HopError.self) {
+            try await engine.storage.recordUnhop(runID: run.id, token: onboarding.token)
+        }
         #expect(refused?.description.contains("cancelled") == true)
         #expect(try await engine.storage.history(runID: run.id).last?.kind == .cancel)
     }
 
-    @Test(arguments: TestBackend.all) func cancellingARunCancelsTheTaskOfItsStepInFlight(backend: TestBackend) async throws {
+    @Test(arguments: TestBackend.all) func cancellingARunCancelsTheTaskOfItsStepInFlight(
+        backend: TestBackend
+    ) async throws {
         let folder = try TemporaryDirectory()
         let engine = try await startupEngine(folder, backend: backend)
         let entered = Mutex(false)
@@ -86,7 +103,9 @@ import Testing
         #expect(try await path(of: run.id, in: engine.storage) == ["hop splash"])
     }
 
-    @Test(arguments: TestBackend.all) func flowCodeThatNoLongerMatchesTheHistoryMarksTheRunDivergedAndDoesNotAdvance(backend: TestBackend) async throws {
+    @Test(arguments: TestBackend.all) func flowCodeThatNoLongerMatchesTheHistoryMarksTheRunDivergedAndDoesNotAdvance(
+        backend: TestBackend
+    ) async throws {
         let folder = try TemporaryDirectory()
         let first = try await startupEngine(folder, backend: backend)
         let run = try await first.start("startup")
@@ -104,13 +123,18 @@ import Testing
         let entry = try #require(try await second.storage.history(runID: run.id).last)
         #expect(entry.kind == .diverge)
         let message = entry.value ?? ""
-        for part in ["decision 'isFirstUse(onboarding)'", "hop to 'main'", "version 2", "version 1", "hopctl restart --flow startup --subject default"] {
+        for part in [
+            "decision 'isFirstUse(onboarding)'", "hop to 'main'", "version 2", "version 1",
+            "hopctl restart --flow startup --subject default",
+        ] {
             #expect(message.contains(part), "\(message)")
         }
         #expect(!(try await path(of: run.id, in: second.storage)).contains("hop main"))
     }
 
-    @Test(arguments: TestBackend.all) func aStepThatThrowsIsRetriedAndFailsTheRunWithItsErrorAfterTheLastAttempt(backend: TestBackend) async throws {
+    @Test(arguments: TestBackend.all) func aStepThatThrowsIsRetriedAndFailsTheRunWithItsErrorAfterTheLastAttempt(
+        backend: TestBackend
+    ) async throws {
         let folder = try TemporaryDirectory()
         let engine = try await startupEngine(folder, backend: backend)
         let attempts = Mutex(0)
@@ -127,12 +151,18 @@ import Testing
         #expect(history.last?.value?.contains("attempt 3 of 3: the cache is unreadable") == true)
     }
 
-    @Test(arguments: TestBackend.all) func aStepThatThrowsThenSucceedsCompletesTheRun(backend: TestBackend) async throws {
+    @Test(arguments: TestBackend.all) func aStepThatThrowsThenSucceedsCompletesTheRun(backend: TestBackend) async throws
+    {
         let folder = try TemporaryDirectory()
         let engine = try await startupEngine(folder, backend: backend)
         let attempts = Mutex(0)
         engine.register(step: "splash", retry: RetryPolicy(maxAttempts: 3, initialBackoff: .milliseconds(1))) { step in
-            if attempts.withLock({ $0 += 1; return $0 }) < 3 { throw CacheError() }
+            if attempts.withLock({
+                $0 += 1
+                return $0
+            }) < 3 {
+                throw CacheError()
+            }
             #expect(step.attempt == 3)
         }
         try await engine.storage.markUsed(subject: "default", feature: "onboarding")
@@ -142,14 +172,20 @@ import Testing
         #expect(try await engine.storage.history(runID: run.id).filter { $0.kind == .error }.count == 2)
     }
 
-    @Test(arguments: TestBackend.all) func theTransitionHookFinishesBeforeTheHopCountsAsEntered(backend: TestBackend) async throws {
+    @Test(arguments: TestBackend.all) func theTransitionHookFinishesBeforeTheHopCountsAsEntered(
+        backend: TestBackend
+    ) async throws {
         let folder = try TemporaryDirectory()
         let seen = Mutex<[String]>([])
         let holder = Mutex<(any HopStorage)?>(nil)
         let flow = startupFlow { transition in
             let store = try #require(holder.withLock { $0 })
-            let recorded = try await store.history(runID: transition.runID).filter { $0.kind == .hop }.map { $0.step ?? "" }
-            #expect(!recorded.contains(transition.to), "the hop to \(transition.to) was recorded before its transition finished")
+            let recorded = try await store.history(runID: transition.runID).filter { $0.kind == .hop }.map {
+                $0.step ?? ""
+            }
+            #expect(
+                !recorded.contains(transition.to),
+                "the hop to \(transition.to) was recorded before its transition finished")
             seen.withLock { $0.append("\(transition.from ?? "start")→\(transition.to)") }
         }
         let engine = try await startupEngine(folder, backend: backend, flow: flow)
@@ -163,10 +199,13 @@ import Testing
         #expect(transitions.map { "\($0.value ?? "")→\($0.step ?? "")" } == ["splash→main"])
     }
 
-    @Test(arguments: TestBackend.all) func aStepReachesItsRunsStateAndItsOutputIsTheHopsResult(backend: TestBackend) async throws {
+    @Test(arguments: TestBackend.all) func aStepReachesItsRunsStateAndItsOutputIsTheHopsResult(
+        backend: TestBackend
+    ) async throws {
         let folder = try TemporaryDirectory()
         let store = try await backend.open(folder)
-        let engine = HopEngine(storage: store, logger: Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() }))
+        let engine = HopEngine(
+            storage: store, logger: Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() }))
         struct Terms: Codable, Equatable { var version: Int }
         let result = Mutex<Terms?>(nil)
         engine.register(
@@ -185,14 +224,18 @@ import Testing
         #expect(result.withLock { $0 } == Terms(version: 3))
     }
 
-    @Test(arguments: TestBackend.all) func anUnregisteredStepFailsTheRunWithAMessageSayingWhatToRegister(backend: TestBackend) async throws {
+    @Test(arguments: TestBackend.all) func anUnregisteredStepFailsTheRunWithAMessageSayingWhatToRegister(
+        backend: TestBackend
+    ) async throws {
         let folder = try TemporaryDirectory()
         let store = try await backend.open(folder)
-        let engine = HopEngine(storage: store, logger: Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() }))
+        let engine = HopEngine(
+            storage: store, logger: Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() }))
         engine.register(Flow("f", version: "1") { flow in try await flow.hop(to: "nowhere") })
         let run = try await engine.start("f")
         #expect(try await engine.settled(runID: run.id)?.status == .failed)
-        #expect(try await store.history(runID: run.id).last?.value?.contains("engine.register(step: \"nowhere\")") == true)
+        #expect(
+            try await store.history(runID: run.id).last?.value?.contains("engine.register(step: \"nowhere\")") == true)
         await #expect(throws: HopError.self) { try await engine.start("unknown-flow") }
     }
 
@@ -214,7 +257,9 @@ import Testing
         let visible = logs.texts(atLeast: .info)
         #expect(!visible.isEmpty)
         for line in visible {
-            #expect(!line.contains("output-secret-42") && !line.contains("session-secret-77") && !line.contains(onboarding.token))
+            #expect(
+                !line.contains("output-secret-42") && !line.contains("session-secret-77")
+                    && !line.contains(onboarding.token))
         }
     }
 }

@@ -20,7 +20,9 @@ import Testing
         #expect(inFlight.count >= 17, "17 runs in a step, up to 17 in a durable sleep")
         let dead = Set(inFlight.compactMap(\.owner))
         // (A run whose timeout came just before the kill is running with no owner yet.)
-        #expect(dead.count == 1 && inFlight.allSatisfy { $0.owner == nil || ($0.ownerLabel == "kiosk" && $0.leaseIsLive()) })
+        #expect(
+            dead.count == 1 && inFlight.allSatisfy { $0.owner == nil || ($0.ownerLabel == "kiosk" && $0.leaseIsLive()) }
+        )
         let parked = try await store.unfinishedRuns(status: .parked, flows: ["mixed"])
         #expect(inFlight.count + parked.count >= 34, "up to 17 parked with a timeout, unless it came before the kill")
         let unfinished = Set((inFlight + parked).map(\.id))
@@ -36,7 +38,9 @@ import Testing
         let working = resumed.filter { Int($0.subject.dropFirst("mixed-".count)).map { $0 % 3 == 0 } == true }
         #expect(working.count == 17)
         for run in working {
-            #expect(run.ownerLabel == "kiosk" && !dead.contains(run.owner ?? "") && run.leaseIsLive(), "run \(run.id): \(run.owner ?? "-")")
+            #expect(
+                run.ownerLabel == "kiosk" && !dead.contains(run.owner ?? "") && run.leaseIsLive(),
+                "run \(run.id): \(run.owner ?? "-")")
         }
         #expect(FileManager.default.createFile(atPath: folder.database + ".release", contents: nil))
         try await waitUntil("all 51 runs completed, long before a lease could expire", timeout: .seconds(30)) {
@@ -54,7 +58,8 @@ import Testing
             let takeovers = history.filter { $0.kind == .takeover }
             #expect(takeovers.count == (unfinished.contains(run.id) ? 1 : 0), "run \(run.id): \(takeovers)")
             for takeover in takeovers {
-                #expect(takeover.step == "kiosk" && dead.contains { takeover.value?.contains($0) == true }, "\(takeover)")
+                #expect(
+                    takeover.step == "kiosk" && dead.contains { takeover.value?.contains($0) == true }, "\(takeover)")
             }
         }
         second.closeInput()
@@ -65,13 +70,19 @@ import Testing
         let folder = try TemporaryDirectory()
         // A: splash takes forever. B: the same label, a normal splash.
         let arguments = ["--db", folder.database, "--external", "--engine-id", "twin", "--lease", "1"]
-        let owner = try ChildProcess("hop-test-daemon", arguments, environment: ["HOP_TEST_SLOW_SPLASH": "1"], directory: folder)
-        defer { owner.kill(SIGCONT); owner.kill() }
+        let owner = try ChildProcess(
+            "hop-test-daemon", arguments, environment: ["HOP_TEST_SLOW_SPLASH": "1"], directory: folder)
+        defer {
+            owner.kill(SIGCONT)
+            owner.kill()
+        }
         try await owner.waitForOutput("point after:hop:splash")
         let other = try ChildProcess("hop-test-daemon", arguments, directory: folder)
         defer { other.kill() }
         try await other.waitForOutput("ready")
-        #expect(!other.stdout.contains("executing run 1"), "B executed a run A holds, though A is alive and holds it under the same label")
+        #expect(
+            !other.stdout.contains("executing run 1"),
+            "B executed a run A holds, though A is alive and holds it under the same label")
 
         owner.kill(SIGSTOP)
         let store = try await HopStore.open(path: folder.database)
@@ -85,16 +96,21 @@ import Testing
 
         owner.kill(SIGCONT)
         try await waitUntil("the thawed owner stops its step", timeout: .seconds(10)) {
-            ((try? String(contentsOfFile: folder.database + ".bodies", encoding: .utf8)) ?? "").contains("1 splash-cancelled")
+            ((try? String(contentsOfFile: folder.database + ".bodies", encoding: .utf8)) ?? "").contains(
+                "1 splash-cancelled")
         }
         // The thawed owner wrote nothing: the history is as B left it, and B still leads the run.
         #expect(try await store.history(runID: 1) == history)
-        #expect(try await run("hopctl", ["unhop", "--flow", "startup", "--step", "onboarding", "--db", folder.database], in: folder).status == 0)
+        #expect(
+            try await run(
+                "hopctl", ["unhop", "--flow", "startup", "--step", "onboarding", "--db", folder.database], in: folder
+            ).status == 0)
         try await waitUntil("the run waits at login", timeout: .seconds(15)) {
             let run = try await store.run(id: 1)
             return run?.status == .parked && run?.currentStep == "login"
         }
-        #expect(try await run("hopctl", ["session", "login", "alice", "--db", folder.database], in: folder).status == 0)
+        #expect(
+            try await run("hopctl", ["session", "login", "alice", "--db", folder.database], in: folder).status == 0)
         #expect(try await other.waitForExit(timeout: .seconds(15)) == 0)
         #expect(other.stdout.contains("settled completed"))
         #expect(try await owner.waitForExit(timeout: .seconds(15)) == 0, "the thawed owner follows the run to its end")
@@ -122,7 +138,9 @@ import Testing
 
     private static func twinStart(attempt: Int) async throws {
         let folder = try TemporaryDirectory()
-        let twins = try (0..<2).map { _ in try ChildProcess("hop-demo", ["--auto", "--db", folder.database], directory: folder) }
+        let twins = try (0..<2).map { _ in
+            try ChildProcess("hop-demo", ["--auto", "--db", folder.database], directory: folder)
+        }
         defer { for twin in twins { twin.kill() } }
         for twin in twins {
             let status = try await twin.waitForExit(timeout: .seconds(30))
@@ -130,10 +148,14 @@ import Testing
             #expect(twin.stdout.contains("run 1 is completed"), "attempt \(attempt): \(twin.stdout)\(twin.stderr)")
         }
         let store = try await HopStore.open(path: folder.database)
-        #expect(try await store.allRuns(flow: "startup", subject: "default").map(\.status) == [.completed], "attempt \(attempt)")
+        #expect(
+            try await store.allRuns(flow: "startup", subject: "default").map(\.status) == [.completed],
+            "attempt \(attempt)")
         let history = try await store.history(runID: 1)
         let kinds = history.map { "\($0.kind.rawValue) \($0.step ?? "")" }
-        #expect(history.filter { $0.kind == .hop }.map { $0.step ?? "" } == ["splash", "onboarding", "login", "main"], "attempt \(attempt): \(kinds)")
+        #expect(
+            history.filter { $0.kind == .hop }.map { $0.step ?? "" } == ["splash", "onboarding", "login", "main"],
+            "attempt \(attempt): \(kinds)")
         #expect(history.filter { $0.kind == .effect }.count == 1, "attempt \(attempt): markUsed once: \(kinds)")
         #expect(!history.contains { [.error, .fail, .diverge].contains($0.kind) }, "attempt \(attempt): \(kinds)")
     }

@@ -11,7 +11,8 @@ import Testing
         defer { daemon.kill() }
         try await daemon.waitForOutput("parked onboarding")
         let store = try await HopStore.open(path: folder.database)
-        _ = try await store.unhopParked(flow: "startup", subject: "default", step: "onboarding", output: #"{"accepted":true}"#)
+        _ = try await store.unhopParked(
+            flow: "startup", subject: "default", step: "onboarding", output: #"{"accepted":true}"#)
         try await daemon.waitForOutput("parked login", timeout: .seconds(1))
         try await store.storeSession(subject: "default", userID: "alice", token: "secret")
         try await daemon.waitForOutput("settled completed", timeout: .seconds(1))
@@ -36,20 +37,26 @@ import Testing
         let steps = try await store.history(runID: run.id).filter { $0.kind == .hop }.map { $0.step ?? "" }
         #expect(steps == ["splash", "onboarding", "main"])
         let bodies = try String(contentsOfFile: folder.database + ".bodies", encoding: .utf8)
-        #expect(bodies.split(separator: "\n").filter { $0.hasSuffix(" splash") }.count == 1, "splash did not run again on resume")
+        #expect(
+            bodies.split(separator: "\n").filter { $0.hasSuffix(" splash") }.count == 1,
+            "splash did not run again on resume")
     }
 
     @Test func aFailingStepIsRetriedInTheDaemonAndFailsTheRunAfterItsLastAttempt() async throws {
         let folder = try TemporaryDirectory()
-        let recovered = try await run("hop-test-daemon", ["--db", folder.database], environment: ["HOP_TEST_FAILS": "2"], in: folder)
+        let recovered = try await run(
+            "hop-test-daemon", ["--db", folder.database], environment: ["HOP_TEST_FAILS": "2"], in: folder)
         #expect(recovered.stdout.contains("settled completed"), "\(recovered.stdout)\(recovered.stderr)")
 
         let other = try TemporaryDirectory()
-        let failed = try await run("hop-test-daemon", ["--db", other.database], environment: ["HOP_TEST_FAILS": "3"], in: other)
+        let failed = try await run(
+            "hop-test-daemon", ["--db", other.database], environment: ["HOP_TEST_FAILS": "3"], in: other)
         #expect(failed.stdout.contains("settled failed"), "\(failed.stdout)\(failed.stderr)")
         let store = try await HopStore.open(path: other.database)
         let runRecord = try #require(try await store.latestRun(flow: "startup", subject: "default"))
-        #expect(try await store.history(runID: runRecord.id).last?.value?.contains("splash could not load its cache (attempt 3)") == true)
+        #expect(
+            try await store.history(runID: runRecord.id).last?.value?.contains(
+                "splash could not load its cache (attempt 3)") == true)
     }
 
     @Test func restartingTheDaemonWithChangedFlowCodeMarksTheRunDiverged() async throws {

@@ -31,21 +31,25 @@ import Testing
         // At the original deadline, or at once if the daemon resumed after it; a fresh sleep
         // would wake 3 s after the resume, at least 1.5 s past the deadline.
         let due = max(deadline, resumedAt)
-        #expect(nextHop.at.timeIntervalSince(due) < 1.0, "woke \(nextHop.at.timeIntervalSince(deadline)) s after the original deadline")
+        #expect(
+            nextHop.at.timeIntervalSince(due) < 1.0,
+            "woke \(nextHop.at.timeIntervalSince(deadline)) s after the original deadline")
         #expect(history.filter { $0.kind == .timer }.count == 1)
     }
 
     @Test func hopctlCancelCancelsTheTaskOfTheStepInFlightInTheDaemon() async throws {
         let folder = try TemporaryDirectory()
         let daemon = try ChildProcess(
-            "hop-test-daemon", ["--db", folder.database, "--external"], environment: ["HOP_TEST_SLOW_SPLASH": "1"], directory: folder)
+            "hop-test-daemon", ["--db", folder.database, "--external"], environment: ["HOP_TEST_SLOW_SPLASH": "1"],
+            directory: folder)
         defer { daemon.kill() }
         try await daemon.waitForOutput("point after:hop:splash")
         let cancel = try await run("hopctl", ["cancel", "--flow", "startup", "--db", folder.database], in: folder)
         #expect(cancel.status == 0, "\(cancel.stderr)")
         try await daemon.waitForOutput("settled cancelled", timeout: .seconds(2))
         try await waitUntil("the splash task sees its cancellation", timeout: .seconds(2)) {
-            ((try? String(contentsOfFile: folder.database + ".bodies", encoding: .utf8)) ?? "").contains("1 splash-cancelled")
+            ((try? String(contentsOfFile: folder.database + ".bodies", encoding: .utf8)) ?? "").contains(
+                "1 splash-cancelled")
         }
         let store = try await HopStore.open(path: folder.database)
         let history = try await store.history(runID: 1)
@@ -62,7 +66,8 @@ import Testing
         try await owner.waitForOutput("point after:hop:splash")
 
         let other = try ChildProcess(
-            "hop-test-daemon", ["--db", folder.database, "--external", "--engine-id", "B", "--lease", "1"], directory: folder)
+            "hop-test-daemon", ["--db", folder.database, "--external", "--engine-id", "B", "--lease", "1"],
+            directory: folder)
         defer { other.kill() }
         try await other.waitForOutput("ready")
         #expect(!other.stdout.contains("executing run 1"), "B executed a run A holds")
@@ -82,10 +87,12 @@ import Testing
         let folder = try TemporaryDirectory()
         let store = try await HopStore.open(path: folder.database)
         try await store.markUsed(subject: "default", feature: "onboarding")
-        let daemon = try ChildProcess("hop-test-daemon", ["--db", folder.database, "--external", "--reroute"], directory: folder)
+        let daemon = try ChildProcess(
+            "hop-test-daemon", ["--db", folder.database, "--external", "--reroute"], directory: folder)
         defer { daemon.kill() }
         try await daemon.waitForOutput("parked login")
-        #expect(try await run("hopctl", ["session", "login", "alice", "--db", folder.database], in: folder).status == 0)
+        #expect(
+            try await run("hopctl", ["session", "login", "alice", "--db", folder.database], in: folder).status == 0)
         try await daemon.waitForOutput("parked main", timeout: .seconds(1))
 
         let logout = try await run("hopctl", ["session", "logout", "--db", folder.database], in: folder)

@@ -31,7 +31,8 @@ import Testing
         let run = try await engine.start("startup")
         #expect(try await engine.settled(runID: run.id)?.status == .completed)
         #expect(cancelled.withLock { $0 })
-        #expect(try await path(of: run.id, in: store) == ["hop splash", "timeout splash", "hop offline", "unhop offline"])
+        #expect(
+            try await path(of: run.id, in: store) == ["hop splash", "timeout splash", "hop offline", "unhop offline"])
     }
 
     @Test func aParkedStepTimesOutAtItsStoredDeadlineEvenAfterAnEngineRestart() async throws {
@@ -57,7 +58,10 @@ import Testing
         let history = try await second.storage.history(runID: run.id)
         let timeout = try #require(history.first { $0.kind == .timeout })
         #expect(timeout.at >= wakeAt.addingTimeInterval(-0.01))
-        #expect(try await path(of: run.id, in: second.storage) == ["hop onboarding", "timeout onboarding", "hop main", "unhop main"])
+        #expect(
+            try await path(of: run.id, in: second.storage) == [
+                "hop onboarding", "timeout onboarding", "hop main", "unhop main",
+            ])
     }
 
     @Test func aThousandSubjectsRunAtOnceAndTheirWritesShareTransactions() async throws {
@@ -96,7 +100,9 @@ import Testing
         #expect(await engine.executingCount == 0)
 
         let operator_ = try await HopStore.open(path: folder.database)
-        for subject in 0..<200 { _ = try await operator_.unhopParked(flow: "startup", subject: "user-\(subject)", step: "onboarding") }
+        for subject in 0..<200 {
+            _ = try await operator_.unhopParked(flow: "startup", subject: "user-\(subject)", step: "onboarding")
+        }
         try await waitUntil("every run parks at login", timeout: .seconds(10)) {
             try await operator_.runs(flow: "startup").allSatisfy { $0.currentStep == "login" && $0.status == .parked }
         }
@@ -123,7 +129,9 @@ import Testing
         #expect(try await engine.settled(runID: run.id)?.status == .completed)
 
         #expect(try metrics.expectCounter("hop_hops_total").totalValue == 4)
-        #expect(try metrics.expectCounter("hop_unhops_total").totalValue == 3, "splash and main in process, onboarding by the API")
+        #expect(
+            try metrics.expectCounter("hop_unhops_total").totalValue == 3,
+            "splash and main in process, onboarding by the API")
         #expect(try metrics.expectCounter("hop_resumes_total").totalValue == 2)
         #expect(try metrics.expectTimer("hop_step_duration_seconds", [("step", "splash")]).values.count == 1)
     }

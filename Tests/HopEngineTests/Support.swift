@@ -22,4 +22,3 @@ func startupEngine(
 func path(of runID: Int64, in store: any HopStorage) async throws -> [String] {
     try await store.history(runID: runID).filter { $0.kind.isReplayed }.map { "\($0.kind.rawValue) \($0.step ?? "")" }
 }
-

@@ -52,7 +52,8 @@ import Testing
             let logged = errors.texts(atLeast: .error)
             let reported = thrown.map { "\($0)" } ?? logged.joined(separator: "\n")
             if thrown != nil || !logged.isEmpty {
-                #expect(reported.contains(folder.database), "fault \(n): the error does not name the database: \(reported)")
+                #expect(
+                    reported.contains(folder.database), "fault \(n): the error does not name the database: \(reported)")
             }
             if thrown == nil, let store, let runID {
                 // Nothing half-written: the stored history is a prefix of the reference, and the
@@ -70,7 +71,8 @@ import Testing
             // The fault cleared, the file is sound and a new engine ends the run as if nothing happened.
             let reopened = try await HopStore.open(path: folder.database, options: faultOptions())
             #expect(try await reopened.integrityCheck() == ["ok"], "fault \(n)")
-            let engine = HopEngine(store: reopened, logger: Logger(label: "faults", factory: { _ in SwiftLogNoOpLogHandler() }))
+            let engine = HopEngine(
+                store: reopened, logger: Logger(label: "faults", factory: { _ in SwiftLogNoOpLogHandler() }))
             registerInstantStartup(on: engine)
             let run = try await engine.start("startup")
             #expect(try await engine.settled(runID: run.id)?.status == .completed, "fault \(n)")
@@ -84,10 +86,16 @@ import Testing
         let folder = try TemporaryDirectory()
         hop_fault_vfs_fail_at(1, SQLITE_FULL)
         defer { hop_fault_vfs_fail_at(0, 0) }
-        let error = await #expect(throws: HopError.self) { try await HopStore.open(path: folder.database, options: faultOptions()) }
+        let error = await #expect(throws: HopError.self) {
+            try await HopStore.open(path: folder.database, options: faultOptions())
+        }
         #expect(hop_fault_vfs_faults() == 1)
-        #expect(error?.code == .ioFailure && error?.description.contains("disk is full") == true, "\(String(describing: error))")
-        #expect(error?.description.contains("The empty file it had created was removed") == true, "\(String(describing: error))")
+        #expect(
+            error?.code == .ioFailure && error?.description.contains("disk is full") == true,
+            "\(String(describing: error))")
+        #expect(
+            error?.description.contains("The empty file it had created was removed") == true,
+            "\(String(describing: error))")
         for suffix in ["", "-wal", "-shm", "-journal"] {
             #expect(!FileManager.default.fileExists(atPath: folder.database + suffix), "\(suffix) was left behind")
         }

@@ -11,7 +11,9 @@ import Testing
     @Test func namesThatLookLikeSQLOrScriptsAreStoredVerbatim() async throws {
         let folder = try TemporaryDirectory()
         let store = try await HopStore.open(path: folder.database)
-        let names = ["'", "\"", "'; DROP TABLE runs; --", "Robert'); DELETE FROM history;--", "%_*?", "名前", "👩‍💻", "\\x00"]
+        let names = [
+            "'", "\"", "'; DROP TABLE runs; --", "Robert'); DELETE FROM history;--", "%_*?", "名前", "👩‍💻", "\\x00",
+        ]
         for name in names {
             let run = try await store.startRun(flow: name, subject: name, version: name).run
             try await store.recordDecision(runID: run.id, name: name, value: #"{"v":1}"#)
@@ -20,7 +22,9 @@ import Testing
         }
         #expect(try await store.runs().count == names.count)
         // A name that could pose as another in a table is refused, not stored.
-        await #expect(throws: HopError.self) { try await store.startRun(flow: "\u{202E}evil", subject: "s", version: "1") }
+        await #expect(throws: HopError.self) {
+            try await store.startRun(flow: "\u{202E}evil", subject: "s", version: "1")
+        }
         #expect(try await store.runs().count == names.count)
         #expect(try await store.integrityCheck() == ["ok"])
     }
@@ -39,7 +43,10 @@ import Testing
             }
         }
         #expect(try await store.history(runID: parked.id).map(\.kind) == [.hop])
-        let folderJSON = try await run("hopctl", ["unhop", "--flow", "startup", "--step", "onboarding", "--output", "{\"a\":", "--db", folder.database], in: folder)
+        let folderJSON = try await run(
+            "hopctl",
+            ["unhop", "--flow", "startup", "--step", "onboarding", "--output", "{\"a\":", "--db", folder.database],
+            in: folder)
         #expect(folderJSON.status == 64 && folderJSON.stderr.contains("JSON"), "\(folderJSON.stderr)")
         #expect(try await store.history(runID: parked.id).map(\.kind) == [.hop])
     }
@@ -63,7 +70,9 @@ import Testing
         for command in commands {
             let result = try await run("/bin/sh", ["-c", "\"\(hopctl)\" \(command) --db \"\(db)\""], in: folder)
             #expect([0, 1, 64].contains(result.status), "hopctl \(command): exit \(result.status) \(result.stderr)")
-            #expect(!result.stderr.contains("Fatal error") && !result.stderr.contains("Crash"), "\(command): \(result.stderr)")
+            #expect(
+                !result.stderr.contains("Fatal error") && !result.stderr.contains("Crash"),
+                "\(command): \(result.stderr)")
             if result.status != 0 { #expect(!result.stderr.isEmpty, "\(command) failed silently") }
         }
         let store = try await HopStore.open(path: db)
@@ -74,7 +83,8 @@ import Testing
     @Test func aTruncatedWALKeepsEveryWholeCommitAndTheRunResumes() async throws {
         let folder = try TemporaryDirectory()
         let killed = try ChildProcess(
-            "hop-test-daemon", ["--db", folder.database], environment: ["HOP_TEST_KILL_AT": "after:unhop:login"], directory: folder)
+            "hop-test-daemon", ["--db", folder.database], environment: ["HOP_TEST_KILL_AT": "after:unhop:login"],
+            directory: folder)
         try await killed.waitForExit()
         #expect(killed.wasSignalled)
         let wal = folder.database + "-wal"
@@ -97,7 +107,8 @@ import Testing
         #expect(kept.count < full.count, "the torn commit was kept")
 
         let resumed = try await run("hop-test-daemon", ["--db", folder.database], in: folder)
-        #expect(resumed.status == 0 && resumed.stdout.contains("settled completed"), "\(resumed.stdout)\(resumed.stderr)")
+        #expect(
+            resumed.status == 0 && resumed.stdout.contains("settled completed"), "\(resumed.stdout)\(resumed.stderr)")
     }
 
     @Test func aDatabaseDamagedInTheMiddleGivesClearErrorsNotCrashes() async throws {
@@ -110,7 +121,10 @@ import Testing
         for index in 4096..<bytes.count { bytes[index] = UInt8(truncatingIfNeeded: index &* 31 &+ 7) }
         try bytes.write(to: URL(fileURLWithPath: folder.database))
 
-        for arguments in [["status"], ["history", "--flow", "startup"], ["session", "show"], ["unhop", "--flow", "startup", "--step", "onboarding"], ["migrate"]] {
+        for arguments in [
+            ["status"], ["history", "--flow", "startup"], ["session", "show"],
+            ["unhop", "--flow", "startup", "--step", "onboarding"], ["migrate"],
+        ] {
             let result = try await run("hopctl", arguments + ["--db", folder.database], in: folder)
             #expect(result.status == 1, "\(arguments): exit \(result.status) \(result.stdout)\(result.stderr)")
             #expect(result.stderr.contains(folder.database), "\(arguments): \(result.stderr)")
@@ -146,8 +160,11 @@ import Testing
         let started = try await engine.start("far")
         #expect(try await engine.settled(runID: started.id)?.status == .completed)
         for duration in ["99999999999999999999", "1e300", "1e300d", "inf", "nan", "-1s", "0"] {
-            let result = try await run("hopctl", ["session", "login", "bob", "--expires-in", duration, "--db", folder.database], in: folder)
-            #expect(result.status == 64 && result.stderr.contains("--expires-in"), "\(duration): \(result.status) \(result.stderr.prefix(300))")
+            let result = try await run(
+                "hopctl", ["session", "login", "bob", "--expires-in", duration, "--db", folder.database], in: folder)
+            #expect(
+                result.status == 64 && result.stderr.contains("--expires-in"),
+                "\(duration): \(result.status) \(result.stderr.prefix(300))")
         }
         #expect(try await store.integrityCheck() == ["ok"])
     }

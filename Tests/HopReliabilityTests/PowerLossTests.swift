@@ -18,7 +18,9 @@ import Testing
             if n >= 400 { return }
             let folder = try TemporaryDirectory()
             let child = try await run("hop-test-faults", ["--db", folder.database, cutOption, "\(n)"], in: folder)
-            let acknowledged = child.stdout.split(separator: "\n").filter { $0.hasPrefix("ack ") }.map { $0.dropFirst(4) }
+            let acknowledged = child.stdout.split(separator: "\n").filter { $0.hasPrefix("ack ") }.map {
+                $0.dropFirst(4)
+            }
             if child.status == 0 {
                 #expect(child.stdout.contains("completed"), "\(child.stdout)")
                 break
@@ -44,7 +46,8 @@ import Testing
             // The first run (a helper started after it completed starts, and completes, a second).
             let first = try #require(try await store.allRuns(flow: "startup", subject: "default").first)
             let final = try await historyPath(store, runID: first.id)
-            #expect(final == referencePath, "after cut \(n): \(final)\nacknowledged: \(acknowledged)\n\(resumed.stdout)")
+            #expect(
+                final == referencePath, "after cut \(n): \(final)\nacknowledged: \(acknowledged)\n\(resumed.stdout)")
         }
         #expect(cuts > 10, "only \(cuts) power cuts happened")
     }
@@ -56,7 +59,8 @@ import Testing
         var lost = 0
         for n in 1...400 {
             let folder = try TemporaryDirectory()
-            let child = try await run("hop-test-faults", ["--db", folder.database, "--power-loss-at-write", "\(n)", "--normal"], in: folder)
+            let child = try await run(
+                "hop-test-faults", ["--db", folder.database, "--power-loss-at-write", "\(n)", "--normal"], in: folder)
             if child.status == 0 { break }
             #expect(child.status == 86, "cut before write \(n): \(child.stderr)")
             let acknowledged = child.stdout.split(separator: "\n").filter { $0.hasPrefix("ack ") }.count

@@ -12,7 +12,8 @@ import Testing
     /// What each worker does to each of its subjects after unhopping its onboarding: it ends
     /// logged in, so every run must end parked at main.
     static let rounds = [
-        ["status"], ["session", "login", "alice"], ["history"], ["session", "logout"], ["reset-first-use", "onboarding"],
+        ["status"], ["session", "login", "alice"], ["history"], ["session", "logout"],
+        ["reset-first-use", "onboarding"],
         ["session", "login", "alice"], ["status"], ["session", "logout"], ["session", "login", "alice"],
     ]
 
@@ -38,7 +39,10 @@ import Testing
                     var plan = mine.map { ["unhop", "--flow", "startup", "--step", "onboarding", "--subject", $0] }
                     for _ in 0..<cycles {
                         for round in Self.rounds {
-                            plan += mine.map { round + ["--subject", $0] + (round == ["status"] || round == ["history"] ? ["--flow", "startup"] : []) }
+                            plan += mine.map {
+                                round + ["--subject", $0]
+                                    + (round == ["status"] || round == ["history"] ? ["--flow", "startup"] : [])
+                            }
                         }
                     }
                     let commands = plan
@@ -47,7 +51,8 @@ import Testing
                         var busy = 0
                         for arguments in commands {
                             while true {
-                                let result = try spawnAndWait(hopctl, arguments + ["--db", database], scratch: folder.path("worker-\(worker)"))
+                                let result = try spawnAndWait(
+                                    hopctl, arguments + ["--db", database], scratch: folder.path("worker-\(worker)"))
                                 if result.status == 0 { break }
                                 // The one documented failure under load: the write lock stayed taken.
                                 guard result.status == 1 && result.stderr.contains("busy") else {
@@ -67,17 +72,23 @@ import Testing
 
         let store = try await HopStore.open(path: folder.database)
         try await waitUntil("every run is parked at main", timeout: .seconds(120)) {
-            try await store.runs(flow: "startup", limit: subjects).allSatisfy { $0.status == .parked && $0.currentStep == "main" }
+            try await store.runs(flow: "startup", limit: subjects).allSatisfy {
+                $0.status == .parked && $0.currentStep == "main"
+            }
         }
         for run in try await store.runs(flow: "startup", limit: subjects) {
             let history = try await store.history(runID: run.id)
             #expect(history.map(\.seq) == Array(1...Int64(history.count)), "run \(run.id): sequence numbers")
-            #expect(history.filter { $0.kind == .unhop && $0.step == "onboarding" }.count == 1, "run \(run.id): onboarding unhops")
+            #expect(
+                history.filter { $0.kind == .unhop && $0.step == "onboarding" }.count == 1,
+                "run \(run.id): onboarding unhops")
             let ends = history.filter { $0.kind.endsStep }.compactMap(\.token)
             #expect(Set(ends).count == ends.count, "run \(run.id): a hop ended twice")
             let hops = Set(history.filter { $0.kind == .hop }.compactMap(\.token))
             #expect(Set(ends).isSubset(of: hops), "run \(run.id): an end without its hop")
-            #expect(history.filter { $0.kind == .reroute }.count <= 2 * cycles, "run \(run.id): more re-routes than logouts")
+            #expect(
+                history.filter { $0.kind == .reroute }.count <= 2 * cycles, "run \(run.id): more re-routes than logouts"
+            )
         }
         #expect(try await store.integrityCheck() == ["ok"])
 

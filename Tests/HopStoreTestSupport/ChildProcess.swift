@@ -142,7 +142,9 @@ public final class ChildProcess: Sendable {
         try await waitUntil("\(executable) prints \"\(text)\"", timeout: timeout) {
             if self.stdout.contains(text) { return true }
             if self.exitStatus != nil {
-                throw TestFailure("\(self.executable) ended before printing \"\(text)\"; stdout:\n\(self.stdout)\nstderr:\n\(self.stderr)")
+                throw TestFailure(
+                    "\(self.executable) ended before printing \"\(text)\"; stdout:\n\(self.stdout)\nstderr:\n\(self.stderr)"
+                )
             }
             return false
         }
@@ -161,7 +163,8 @@ public func run(
 
 /// The path of a product that `swift build` placed beside the test bundle.
 public func builtProduct(_ name: String) -> String {
-    let executable = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
+    let executable =
+        (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
     var folder = URL(fileURLWithPath: executable).deletingLastPathComponent()
     // On Linux the test runner is `<Package>PackageTests.xctest` inside the products folder.
     while !FileManager.default.fileExists(atPath: folder.appendingPathComponent(name).path), folder.path != "/" {

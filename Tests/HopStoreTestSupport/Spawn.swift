@@ -8,7 +8,9 @@ import Glibc
 /// from /dev/null and standard output and error captured: a lean `posix_spawn` + `waitpid`
 /// for tests that start thousands of processes (Foundation's Process keeps descriptors and
 /// memory per process). Blocks: call it from a thread of the test's own, never from a task.
-public func spawnAndWait(_ executable: String, _ arguments: [String], scratch: String) throws -> (status: Int32, stdout: String, stderr: String) {
+public func spawnAndWait(
+    _ executable: String, _ arguments: [String], scratch: String
+) throws -> (status: Int32, stdout: String, stderr: String) {
     let outPath = scratch + ".out"
     let errPath = scratch + ".err"
     let pid = try posixSpawn(executable, arguments, environment: ProcessInfo.processInfo.environment) { actions in
@@ -70,8 +72,11 @@ public func posixSpawn(
 /// glibc's `posix_spawn_file_actions_addclosefrom_np` (2.34 and later), which Swift's Glibc
 /// module does not declare.
 private let closeFromAction: (@convention(c) (UnsafeMutablePointer<posix_spawn_file_actions_t>, Int32) -> Int32)? = {
-    guard let symbol = dlsym(UnsafeMutableRawPointer(bitPattern: 0), "posix_spawn_file_actions_addclosefrom_np") else { return nil }
-    return unsafeBitCast(symbol, to: (@convention(c) (UnsafeMutablePointer<posix_spawn_file_actions_t>, Int32) -> Int32).self)
+    guard let symbol = dlsym(UnsafeMutableRawPointer(bitPattern: 0), "posix_spawn_file_actions_addclosefrom_np") else {
+        return nil
+    }
+    return unsafeBitCast(
+        symbol, to: (@convention(c) (UnsafeMutablePointer<posix_spawn_file_actions_t>, Int32) -> Int32).self)
 }()
 
 /// Runs `body` on a thread of its own and returns its result: for blocking work in async tests.

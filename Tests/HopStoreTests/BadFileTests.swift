@@ -19,7 +19,9 @@ import Testing
         let folder = try TemporaryDirectory()
         do {
             let store = try await HopStore.open(path: folder.database)
-            for index in 0..<200 { try await store.setFact(subject: "default", key: "k\(index)", value: String(repeating: "v", count: 500)) }
+            for index in 0..<200 {
+                try await store.setFact(subject: "default", key: "k\(index)", value: String(repeating: "v", count: 500))
+            }
             try await store.checkpoint()
         }
         let bytes = try #require(FileManager.default.contents(atPath: folder.database))
@@ -30,7 +32,9 @@ import Testing
             let store = try await HopStore.open(path: folder.database)
             let check = try await store.integrityCheck()
             if check == ["ok"] { _ = try await store.facts(subject: "default") }
-            if check != ["ok"] { throw HopError(.notADatabase, operation: "check", path: folder.database, reason: check.joined()) }
+            if check != ["ok"] {
+                throw HopError(.notADatabase, operation: "check", path: folder.database, reason: check.joined())
+            }
         }
     }
 
@@ -53,7 +57,8 @@ import Testing
     @Test func openingWithoutCreateLeavesAMissingFileMissing() async throws {
         let folder = try TemporaryDirectory()
         let error = await #expect(throws: HopError.self) {
-            _ = try await HopStore.open(path: folder.database, options: HopStore.Options(createIfMissing: false, migrate: false))
+            _ = try await HopStore.open(
+                path: folder.database, options: HopStore.Options(createIfMissing: false, migrate: false))
         }
         #expect(error?.code == .missing)
         #expect(!FileManager.default.fileExists(atPath: folder.database))
@@ -63,7 +68,8 @@ import Testing
         let folder = try TemporaryDirectory()
         let path = folder.path("nested/state/hop.sqlite")
         // The helper reports the modes while its connection holds the -wal and -shm files open.
-        let result = try await run("hop-test-store", ["modes", path], environment: ["HOP_TEST_UMASK": "000"], in: folder)
+        let result = try await run(
+            "hop-test-store", ["modes", path], environment: ["HOP_TEST_UMASK": "000"], in: folder)
         #expect(result.status == 0, "\(result.stderr)")
         #expect(result.stdout == "hop.sqlite 600\nhop.sqlite-wal 600\nhop.sqlite-shm 600\n")
     }

@@ -8,7 +8,9 @@ import Testing
 @Suite struct DatabaseFileTests {
     @Test func anExistingEmptyFileOfMode0644IsMadePrivateWithItsCompanions() async throws {
         let folder = try TemporaryDirectory()
-        #expect(FileManager.default.createFile(atPath: folder.database, contents: nil, attributes: [.posixPermissions: 0o644]))
+        #expect(
+            FileManager.default.createFile(
+                atPath: folder.database, contents: nil, attributes: [.posixPermissions: 0o644]))
         let store = try await HopStore.open(path: folder.database)
         try await store.storeSession(subject: "default", userID: "alice", token: "plain-text-token")
         for file in [folder.database, folder.database + "-wal", folder.database + "-shm"] {
@@ -30,12 +32,15 @@ import Testing
             for arguments in [["status"], ["migrate"]] {
                 let result = try await run("hopctl", arguments + ["--db", path], in: folder)
                 #expect(result.status == 1 && result.stderr.contains(words), "\(path) \(arguments): \(result.stderr)")
-                #expect(!result.stderr.contains("nothing was changed") || !result.stderr.contains("disk"), "\(result.stderr)")
+                #expect(
+                    !result.stderr.contains("nothing was changed") || !result.stderr.contains("disk"),
+                    "\(result.stderr)")
             }
         }
         let memory = try await run("hopctl", ["status"], environment: ["HOP_DB": ":memory:"], in: folder)
         #expect(memory.status == 1 && memory.stderr.contains("not a database file path"), "\(memory.stderr)")
-        #expect(!FileManager.default.fileExists(atPath: "/dev/null-journal") || Self.modeOf("/dev/null-journal") != 0o666)
+        #expect(
+            !FileManager.default.fileExists(atPath: "/dev/null-journal") || Self.modeOf("/dev/null-journal") != 0o666)
         #expect(try Self.files(in: folder) == before, "stray files were left")
         #expect(!FileManager.default.fileExists(atPath: FileManager.default.currentDirectoryPath + "/:memory:"))
     }
@@ -48,7 +53,11 @@ import Testing
             // As root, run hopctl as nobody: the database (root's, 0600) is another user's.
             try FileManager.default.setAttributes([.posixPermissions: 0o755], ofItemAtPath: folder.url.path)
             result = try await run(
-                "/usr/bin/setpriv", ["--reuid=nobody", "--regid=nogroup", "--clear-groups", builtProduct("hopctl"), "status", "--db", folder.database],
+                "/usr/bin/setpriv",
+                [
+                    "--reuid=nobody", "--regid=nogroup", "--clear-groups", builtProduct("hopctl"), "status", "--db",
+                    folder.database,
+                ],
                 in: folder)
         } else {
             try FileManager.default.setAttributes([.posixPermissions: 0o000], ofItemAtPath: folder.database)
@@ -63,7 +72,9 @@ import Testing
 
     /// The folder's files, but for the captured output of the processes the test ran.
     private static func files(in folder: TemporaryDirectory) throws -> [String] {
-        try FileManager.default.contentsOfDirectory(atPath: folder.url.path).filter { !$0.hasSuffix(".out") && !$0.hasSuffix(".err") }.sorted()
+        try FileManager.default.contentsOfDirectory(atPath: folder.url.path).filter {
+            !$0.hasSuffix(".out") && !$0.hasSuffix(".err")
+        }.sorted()
     }
 
     private static func modeOf(_ path: String) -> Int {

@@ -19,7 +19,9 @@ extension HopStore {
         let folder = try TemporaryDirectory()
         let store = try await HopStore.open(path: folder.database)
         var runs: [Int64] = []
-        for index in 0..<200 { runs.append(try await store.startRun(flow: "f", subject: "s\(index)", version: "1").run.id) }
+        for index in 0..<200 {
+            runs.append(try await store.startRun(flow: "f", subject: "s\(index)", version: "1").run.id)
+        }
         let before = await store.commitStatistics
 
         let outcomes = try await withThrowingTaskGroup(of: (Int64, Bool).self) { group in

@@ -56,9 +56,13 @@ import Testing
 
         let until = Date().addingTimeInterval(60)
         #expect(try await store.claim(runIDs: [first, second], owner: oldID, until: until).count == 2)
-        #expect(try await store.claim(runID: first, owner: new.id, until: until) == nil, "the same label is no claim to a live lease")
+        #expect(
+            try await store.claim(runID: first, owner: new.id, until: until) == nil,
+            "the same label is no claim to a live lease")
         #expect(try await store.releaseRunsOfDeadIncarnations(except: new).isEmpty, "a live incarnation is not dead")
-        #expect(try await store.renewLeases(owner: oldID, runIDs: [first], until: until) == [first], "only the runs named are renewed")
+        #expect(
+            try await store.renewLeases(owner: oldID, runIDs: [first], until: until) == [first],
+            "only the runs named are renewed")
         #expect(try await store.renewLeases(owner: new.id, runIDs: [first, second], until: until).isEmpty)
 
         old = nil  // its lock goes, as when its process dies
@@ -71,7 +75,9 @@ import Testing
         #expect(takeover.kind == .takeover && takeover.step == "kiosk")
         #expect(takeover.value == #"{"from":"\#(oldID)","to":"\#(new.id)"}"#)
         // The old owner's writes are refused from now on: they are fenced by owner.
-        await #expect(throws: HopError.self) { try await store.recordDecision(runID: first, name: "late", value: "1", owner: oldID) }
+        await #expect(throws: HopError.self) {
+            try await store.recordDecision(runID: first, name: "late", value: "1", owner: oldID)
+        }
         #expect(try await store.history(runID: first).count == 1)
     }
 }

@@ -17,8 +17,11 @@ import Testing
     }
 
     @Test func embeddedMigrationsAreTheFilesOfMigrationsFolderVerbatim() throws {
-        let folder = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("../../Migrations").standardized
-        let files = try FileManager.default.contentsOfDirectory(atPath: folder.path).filter { $0.hasSuffix(".sql") }.sorted()
+        let folder = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent(
+            "../../Migrations"
+        ).standardized
+        let files = try FileManager.default.contentsOfDirectory(atPath: folder.path).filter { $0.hasSuffix(".sql") }
+            .sorted()
         #expect(files.count == Migration.all.count)
         for (file, migration) in zip(files, Migration.all) {
             #expect(file == String(format: "%04d_%@.sql", migration.version, migration.name))
@@ -29,7 +32,9 @@ import Testing
     @Test func checksumIsTheSHA256ThatSha256sumPrints() {
         #expect(SHA256.hex("abc") == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad")
         #expect(SHA256.hex("") == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855")
-        #expect(SHA256.hex(String(repeating: "a", count: 1000)) == "41edece42d63e8d9bf515a9ba6932e1c20cbc9f5a5d134645adb5db1b9737ea3")
+        #expect(
+            SHA256.hex(String(repeating: "a", count: 1000))
+                == "41edece42d63e8d9bf515a9ba6932e1c20cbc9f5a5d134645adb5db1b9737ea3")
     }
 
     @Test(arguments: 1..<Migration.latestVersion)
@@ -40,7 +45,9 @@ import Testing
         let before = try await HopStore.open(path: folder.database, options: old)
         #expect(before.schemaVersion == version)
         // Rows as that version's schema holds them, written with SQL of that time.
-        try rawSQL(folder.database, """
+        try rawSQL(
+            folder.database,
+            """
             INSERT INTO runs (id, flow, subject, flow_version, status, current_step, current_token, created_at, updated_at)
                 VALUES (7, 'startup', 'kiosk-7', '1', 'running', 'splash', 'tok', 1, 1);
             INSERT INTO history (run_id, seq, kind, step, token, value, at) VALUES (7, 1, 'hop', 'splash', 'tok', NULL, 1);
@@ -98,7 +105,8 @@ import Testing
         old.migrations = Array(Migration.all.prefix(1))
         _ = try await HopStore.open(path: folder.database, options: old)
         let error = await #expect(throws: HopError.self) {
-            _ = try await HopStore.open(path: folder.database, options: HopStore.Options(createIfMissing: false, migrate: false))
+            _ = try await HopStore.open(
+                path: folder.database, options: HopStore.Options(createIfMissing: false, migrate: false))
         }
         #expect(error?.code == .schemaOutdated)
         #expect(error?.description.contains("hopctl migrate") == true)
@@ -107,7 +115,8 @@ import Testing
     @Test func openingACurrentDatabaseNeedsNoWriteLock() async throws {
         let folder = try TemporaryDirectory()
         _ = try await HopStore.open(path: folder.database)
-        let holder = try ChildProcess("hop-test-store", ["hold-lock", folder.database], keepInputOpen: true, directory: folder)
+        let holder = try ChildProcess(
+            "hop-test-store", ["hold-lock", folder.database], keepInputOpen: true, directory: folder)
         defer { holder.kill() }
         try await holder.waitForOutput("locked")
 
@@ -117,8 +126,11 @@ import Testing
         #expect(try await store.session(subject: "default") == nil)
         // A database that needs migrating does wait for the lock, and says so when it cannot get it.
         var newer = HopStore.Options(busyTimeout: .milliseconds(100))
-        newer.migrations.append(Migration(version: Migration.latestVersion + 1, name: "future", sql: "CREATE TABLE future (x)"))
-        let error = await #expect(throws: HopError.self) { try await HopStore.open(path: folder.database, options: newer) }
+        newer.migrations.append(
+            Migration(version: Migration.latestVersion + 1, name: "future", sql: "CREATE TABLE future (x)"))
+        let error = await #expect(throws: HopError.self) {
+            try await HopStore.open(path: folder.database, options: newer)
+        }
         #expect(error?.code == .busy, "\(String(describing: error))")
         holder.closeInput()
         #expect(try await holder.waitForExit() == 0)

@@ -10,7 +10,9 @@ import Testing
         let store = try await HopStore.open(path: folder.database)
         let (first, created) = try await store.startRun(flow: "startup", subject: "default", version: "1")
         #expect(created)
-        #expect(first.status == .running && first.flow == "startup" && first.subject == "default" && first.flowVersion == "1")
+        #expect(
+            first.status == .running && first.flow == "startup" && first.subject == "default"
+                && first.flowVersion == "1")
         let (again, createdAgain) = try await store.startRun(flow: "startup", subject: "default", version: "1")
         #expect(!createdAgain)
         #expect(again.id == first.id)
@@ -55,10 +57,14 @@ import Testing
         let hop = try await store.recordHop(runID: run.id, step: "onboarding", parks: true)
         let token = try #require(hop.token)
 
-        let stale = await #expect(throws: HopError.self) { try await store.recordUnhop(runID: run.id, token: "not-the-token") }
+        let stale = await #expect(throws: HopError.self) {
+            try await store.recordUnhop(runID: run.id, token: "not-the-token")
+        }
         #expect(stale?.code == .refused)
         #expect(stale?.description.contains("stale or unknown") == true)
-        let badJSON = await #expect(throws: HopError.self) { try await store.recordUnhop(runID: run.id, token: token, output: "{oops") }
+        let badJSON = await #expect(throws: HopError.self) {
+            try await store.recordUnhop(runID: run.id, token: token, output: "{oops")
+        }
         #expect(badJSON?.code == .invalidInput)
         #expect(try await store.history(runID: run.id).count == 1)
 
@@ -75,7 +81,9 @@ import Testing
         let (run, _) = try await store.startRun(flow: "startup", subject: "default", version: "1")
         let hop = try await store.recordHop(runID: run.id, step: "onboarding", parks: true)
         try await store.cancelRun(flow: "startup", subject: "default")
-        let error = await #expect(throws: HopError.self) { try await store.recordUnhop(runID: run.id, token: hop.token ?? "") }
+        let error = await #expect(throws: HopError.self) {
+            try await store.recordUnhop(runID: run.id, token: hop.token ?? "")
+        }
         #expect(error?.code == .refused)
         #expect(error?.description.contains("cancelled") == true)
         await #expect(throws: HopError.self) { try await store.recordHop(runID: run.id, step: "main") }
@@ -100,9 +108,13 @@ import Testing
         let store = try await HopStore.open(path: folder.database)
         let (run, _) = try await store.startRun(flow: "startup", subject: "default", version: "1")
         try await store.recordHop(runID: run.id, step: "splash")
-        let busy = await #expect(throws: HopError.self) { try await store.unhopParked(flow: "startup", subject: "default", step: "splash") }
+        let busy = await #expect(throws: HopError.self) {
+            try await store.unhopParked(flow: "startup", subject: "default", step: "splash")
+        }
         #expect(busy?.description.contains("executing in the daemon") == true)
-        let missing = await #expect(throws: HopError.self) { try await store.unhopParked(flow: "startup", subject: "nobody", step: "splash") }
+        let missing = await #expect(throws: HopError.self) {
+            try await store.unhopParked(flow: "startup", subject: "nobody", step: "splash")
+        }
         #expect(missing?.code == .notFound)
     }
 
@@ -119,8 +131,12 @@ import Testing
             try await store.unhopParked(flow: "startup", subject: "default", step: "onboarding")
         }
         #expect(retried?.code == .refused)
-        #expect(retried?.description.contains("is not parked on 'onboarding': it is parked on 'login'") == true, "\(retried!)")
-        let login = await #expect(throws: HopError.self) { try await store.unhopParked(flow: "startup", subject: "default", step: "login") }
+        #expect(
+            retried?.description.contains("is not parked on 'onboarding': it is parked on 'login'") == true,
+            "\(retried!)")
+        let login = await #expect(throws: HopError.self) {
+            try await store.unhopParked(flow: "startup", subject: "default", step: "login")
+        }
         #expect(login?.description.contains("hopctl session login") == true, "\(login!)")
         #expect(try await store.history(runID: run.id) == before, "a refusal changes nothing")
         #expect(try await store.run(id: run.id)?.currentStep == "login")
@@ -129,7 +145,9 @@ import Testing
     @Test func hopGraphCountsTheObservedEdges() async throws {
         let folder = try TemporaryDirectory()
         let store = try await HopStore.open(path: folder.database)
-        for (subject, steps) in [("a", ["splash", "onboarding", "main"]), ("b", ["splash", "main"]), ("c", ["splash", "main"])] {
+        for (subject, steps) in [
+            ("a", ["splash", "onboarding", "main"]), ("b", ["splash", "main"]), ("c", ["splash", "main"]),
+        ] {
             let (run, _) = try await store.startRun(flow: "startup", subject: subject, version: "1")
             for step in steps {
                 let hop = try await store.recordHop(runID: run.id, step: step)
@@ -151,7 +169,8 @@ import Testing
         let (run, _) = try await store.startRun(flow: "startup", subject: "default", version: "1")
         try await store.storeSession(subject: "default", userID: "alice", token: "t")
         try await store.recordHop(runID: run.id, step: "login", parks: true, wakeOn: .sessionStored)
-        #expect(try await store.run(id: run.id)?.status == .running, "the login step waits for a login that already came")
+        #expect(
+            try await store.run(id: run.id)?.status == .running, "the login step waits for a login that already came")
         let history = try await store.history(runID: run.id)
         #expect(history.map(\.kind) == [.hop, .unhop] && history.last?.value == #"{"userID":"alice"}"#)
 

@@ -33,10 +33,12 @@ import Testing
         let soon = Date().addingTimeInterval(3)
         try await store.storeSession(subject: "default", userID: "bob", token: "t", expiresAt: soon)
         let beforeExpiry = try await store.session(subject: "default")
-        if Date() < soon { #expect(beforeExpiry?.userID == "bob") }  // read before the expiry (not on a stalled machine)
+        // Read before the expiry (not on a stalled machine).
+        if Date() < soon { #expect(beforeExpiry?.userID == "bob") }
         try await waitUntil("the session's expiry has come", timeout: .seconds(5)) { Date() > soon }
         #expect(try await store.session(subject: "default") == nil)
-        try await store.storeSession(subject: "default", userID: "bob", token: "t", expiresAt: Date().addingTimeInterval(3600))
+        try await store.storeSession(
+            subject: "default", userID: "bob", token: "t", expiresAt: Date().addingTimeInterval(3600))
         #expect(try await store.session(subject: "default")?.userID == "bob")
         #expect(try await store.deleteSession(subject: "default").removed)
         #expect(try await store.session(subject: "default") == nil)
@@ -67,7 +69,8 @@ import Testing
     }
 
     static let hostileValues = [
-        "it's \"quoted\"", "'; DROP TABLE runs; --", "nul\u{0}inside", String(repeating: "x", count: 1_000_000), "ünïcødé ✓ 🐇",
+        "it's \"quoted\"", "'; DROP TABLE runs; --", "nul\u{0}inside", String(repeating: "x", count: 1_000_000),
+        "ünïcødé ✓ 🐇",
     ]
 
     @Test(arguments: hostileValues.indices)
@@ -91,7 +94,9 @@ import Testing
         #expect(try await store.integrityCheck() == ["ok"])
     }
 
-    static let hostileIdentifiers = ["", String(repeating: "n", count: 10_000), "line\nbreak", "nul\u{0}", "esc\u{1B}[31m"]
+    static let hostileIdentifiers = [
+        "", String(repeating: "n", count: 10_000), "line\nbreak", "nul\u{0}", "esc\u{1B}[31m",
+    ]
 
     @Test(arguments: hostileIdentifiers.indices)
     func hostileIdentifiersAreRefusedBeforeAnythingIsWritten(index: Int) async throws {
@@ -118,8 +123,11 @@ import Testing
     }
 
     @Test func defaultLocationFollowsHopDBThenXDGStateHomeThenHome() {
-        #expect(DatabaseLocation.defaultPath(environment: ["HOP_DB": "/x/y.sqlite", "XDG_STATE_HOME": "/s", "HOME": "/h"]) == "/x/y.sqlite")
-        #expect(DatabaseLocation.defaultPath(environment: ["XDG_STATE_HOME": "/s", "HOME": "/h"]) == "/s/hop/hop.sqlite")
+        #expect(
+            DatabaseLocation.defaultPath(environment: ["HOP_DB": "/x/y.sqlite", "XDG_STATE_HOME": "/s", "HOME": "/h"])
+                == "/x/y.sqlite")
+        #expect(
+            DatabaseLocation.defaultPath(environment: ["XDG_STATE_HOME": "/s", "HOME": "/h"]) == "/s/hop/hop.sqlite")
         #expect(DatabaseLocation.defaultPath(environment: ["HOME": "/h"]) == "/h/.local/state/hop/hop.sqlite")
     }
 }

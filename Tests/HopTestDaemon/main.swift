@@ -112,7 +112,8 @@ do {
     let engine = HopEngine(
         store: store, logger: logger,
         configuration: .init(
-            pollInterval: .milliseconds(20), leaseDuration: .milliseconds(Int64(options.lease * 1000)), observer: observer,
+            pollInterval: .milliseconds(20), leaseDuration: .milliseconds(Int64(options.lease * 1000)),
+            observer: observer,
             engineID: options.engineID))
     engine.register(
         Flow("startup", version: version) { flow in
@@ -178,7 +179,9 @@ do {
         })
     engine.register(step: "work") { step in
         noteBody(step)
-        while !FileManager.default.fileExists(atPath: path + ".release") { try await Task.sleep(for: .milliseconds(20)) }
+        while !FileManager.default.fileExists(atPath: path + ".release") {
+            try await Task.sleep(for: .milliseconds(20))
+        }
     }
     engine.register(step: "wait", .external)
     engine.register(step: "done") { step in noteBody(step) }

@@ -37,7 +37,11 @@ guard let database else {
     exit(64)
 }
 guard hop_fault_vfs_register() == 0 else { exit(70) }
-if powerLossAtWrite > 0 { hop_fault_vfs_power_loss_at_write(powerLossAtWrite) } else { hop_fault_vfs_power_loss_at(powerLossAt) }
+if powerLossAtWrite > 0 {
+    hop_fault_vfs_power_loss_at_write(powerLossAtWrite)
+} else {
+    hop_fault_vfs_power_loss_at(powerLossAt)
+}
 
 let logger = Logger(label: "hop-test-faults", factory: { _ in SwiftLogNoOpLogHandler() })
 do {
@@ -48,7 +52,9 @@ do {
         store: store, logger: logger,
         configuration: .init(
             observer: { event in
-                if case .recorded(_, let entry) = event { say("ack \(entry.seq) \(entry.kind.rawValue) \(entry.step ?? "-")") }
+                if case .recorded(_, let entry) = event {
+                    say("ack \(entry.seq) \(entry.kind.rawValue) \(entry.step ?? "-")")
+                }
             },
             engineID: "hop-test-faults"))  // a label: a restarted helper takes its runs back at once by liveness
     registerInstantStartup(on: engine)

@@ -15,12 +15,15 @@ if let mask = ProcessInfo.processInfo.environment["HOP_TEST_UMASK"], let value =
     umask(value)
 }
 let arguments = CommandLine.arguments
-if arguments.count == 6, arguments[1] == "set-history-step", let run = Int64(arguments[3]), let seq = Int64(arguments[4]) {
+if arguments.count == 6, arguments[1] == "set-history-step", let run = Int64(arguments[3]),
+    let seq = Int64(arguments[4])
+{
     var db: OpaquePointer?
     var statement: OpaquePointer?
     let transient = unsafeBitCast(-1, to: sqlite3_destructor_type.self)
     guard sqlite3_open(arguments[2], &db) == SQLITE_OK,
-        sqlite3_prepare_v2(db, "UPDATE history SET step = ?1 WHERE run_id = ?2 AND seq = ?3", -1, &statement, nil) == SQLITE_OK,
+        sqlite3_prepare_v2(db, "UPDATE history SET step = ?1 WHERE run_id = ?2 AND seq = ?3", -1, &statement, nil)
+            == SQLITE_OK,
         sqlite3_bind_text(statement, 1, arguments[5], -1, transient) == SQLITE_OK,
         sqlite3_bind_int64(statement, 2, run) == SQLITE_OK, sqlite3_bind_int64(statement, 3, seq) == SQLITE_OK,
         sqlite3_step(statement) == SQLITE_DONE, sqlite3_changes(db) == 1
@@ -38,7 +41,8 @@ guard arguments.count == 3, ["migrate", "modes", "hold-lock"].contains(arguments
 }
 if arguments[1] == "hold-lock" {
     var db: OpaquePointer?
-    guard sqlite3_open(arguments[2], &db) == SQLITE_OK, sqlite3_exec(db, "BEGIN IMMEDIATE", nil, nil, nil) == SQLITE_OK else {
+    guard sqlite3_open(arguments[2], &db) == SQLITE_OK, sqlite3_exec(db, "BEGIN IMMEDIATE", nil, nil, nil) == SQLITE_OK
+    else {
         FileHandle.standardError.write(Data("cannot take the write lock\n".utf8))
         exit(1)
     }

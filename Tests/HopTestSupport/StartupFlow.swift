@@ -1,7 +1,8 @@
 import HopEngine
 
 /// The product's start-up flow, as the tests and their helper processes run it.
-public func startupFlow(version: String = "1", transition: (@Sendable (Transition) async throws -> Void)? = nil) -> Flow {
+public func startupFlow(version: String = "1", transition: (@Sendable (Transition) async throws -> Void)? = nil) -> Flow
+{
     Flow("startup", version: version, transition: transition) { flow in
         try await flow.hop(to: "splash")
         if try await flow.isFirstUse("onboarding") {

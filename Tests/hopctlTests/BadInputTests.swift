@@ -28,16 +28,23 @@ import Testing
     @Test func unknownNamesAreRuntimeErrorsThatSayWhatToDo() async throws {
         let folder = try TemporaryDirectory()
         try await completedStartup(folder)
-        for arguments in [["history", "--flow", "nope"], ["cancel", "--flow", "startup", "--subject", "nobody"], ["history", "--flow", "startup", "--run", "99"]] {
+        for arguments in [
+            ["history", "--flow", "nope"], ["cancel", "--flow", "startup", "--subject", "nobody"],
+            ["history", "--flow", "startup", "--run", "99"],
+        ] {
             let result = try await hopctl(arguments, in: folder)
             #expect(result.status == 1, "\(arguments)")
-            #expect(result.stderr.contains(folder.database) && result.stderr.contains("hopctl status"), "\(result.stderr)")
+            #expect(
+                result.stderr.contains(folder.database) && result.stderr.contains("hopctl status"), "\(result.stderr)")
         }
     }
 
     @Test func aReadCommandOnAMissingDatabaseCreatesNothing() async throws {
         let folder = try TemporaryDirectory()
-        for arguments in [["status"], ["history", "--flow", "startup"], ["session", "show"], ["first-use", "list"], ["unhop", "--flow", "startup", "--step", "onboarding"]] {
+        for arguments in [
+            ["status"], ["history", "--flow", "startup"], ["session", "show"], ["first-use", "list"],
+            ["unhop", "--flow", "startup", "--step", "onboarding"],
+        ] {
             let result = try await hopctl(arguments, in: folder)
             #expect(result.status == 1)
             #expect(result.stderr.contains("no database exists"), "\(result.stderr)")
@@ -58,7 +65,8 @@ import Testing
     @Test func aDatabaseFromANewerHopIsRefused() async throws {
         let folder = try TemporaryDirectory()
         var newer = HopStore.Options()
-        newer.migrations.append(Migration(version: Migration.latestVersion + 1, name: "future", sql: "CREATE TABLE future (x)"))
+        newer.migrations.append(
+            Migration(version: Migration.latestVersion + 1, name: "future", sql: "CREATE TABLE future (x)"))
         _ = try await HopStore.open(path: folder.database, options: newer)
         for arguments in [["status"], ["session", "logout"], ["migrate"]] {
             let result = try await hopctl(arguments, in: folder)
@@ -70,7 +78,8 @@ import Testing
     @Test func aWriteWaitsForTheBusyTimeoutThenFailsClearlyWhileReadsGoOn() async throws {
         let folder = try TemporaryDirectory()
         try await completedStartup(folder)
-        let holder = try ChildProcess("hop-test-store", ["hold-lock", folder.database], keepInputOpen: true, directory: folder)
+        let holder = try ChildProcess(
+            "hop-test-store", ["hold-lock", folder.database], keepInputOpen: true, directory: folder)
         try await holder.waitForOutput("locked")
 
         let write = try await hopctl(["session", "logout", "--busy-timeout", "200"], in: folder)
@@ -95,10 +104,16 @@ import Testing
         // Through a shell, so that the arguments are raw bytes: ff fe and c0 af would both become U+FFFD U+FFFD.
         for bytes in [#"\377\376"#, #"\300\257"#] {
             let login = try await run(
-                "/bin/sh", ["-c", #""\#(hopctl)" session login bob --subject "$(printf '\#(bytes)')" --db "\#(folder.database)""#], in: folder)
+                "/bin/sh",
+                [
+                    "-c",
+                    #""\#(hopctl)" session login bob --subject "$(printf '\#(bytes)')" --db "\#(folder.database)""#,
+                ], in: folder)
             #expect(login.status == 64 && login.stderr.contains("not valid UTF-8"), "\(login.stderr)")
             let show = try await run(
-                "/bin/sh", ["-c", #""\#(hopctl)" session show --subject "$(printf '\#(bytes)')" --db "\#(folder.database)""#], in: folder)
+                "/bin/sh",
+                ["-c", #""\#(hopctl)" session show --subject "$(printf '\#(bytes)')" --db "\#(folder.database)""#],
+                in: folder)
             #expect(show.status == 64, "\(show.stdout)")
         }
         let store = try await HopStore.open(path: folder.database)
@@ -110,7 +125,9 @@ import Testing
         #expect(try await hopctl(["migrate"], in: folder).status == 0)
         for subject in ["ali\u{202E}ecb", "bob\u{200B}", "a\u{2028}b", "x\u{7}y", "\u{FEFF}bob"] {
             let result = try await hopctl(["session", "login", "bob", "--subject", subject], in: folder)
-            #expect(result.status == 64, "subject \(subject.unicodeScalars.map { String($0.value, radix: 16) }): \(result.stdout)")
+            #expect(
+                result.status == 64,
+                "subject \(subject.unicodeScalars.map { String($0.value, radix: 16) }): \(result.stdout)")
             #expect(result.stderr.contains("U+"), "\(result.stderr)")
         }
         for subject in ["Zoë", "東京-kiosk 7", "דני", "café ✓ #1"] {

@@ -9,7 +9,9 @@ import Testing
         let folder = try TemporaryDirectory()
         for product in ["hopctl", "hop-demo"] {
             let result = try await run(product, ["--version"], in: folder)
-            #expect(result.status == 0 && result.stdout == "\(product) \(HopVersion.current)\n", "\(result.stdout)\(result.stderr)")
+            #expect(
+                result.status == 0 && result.stdout == "\(product) \(HopVersion.current)\n",
+                "\(result.stdout)\(result.stderr)")
         }
     }
 
@@ -18,7 +20,8 @@ import Testing
         try await completedStartup(folder)
         for arguments in [
             ["history", "--flow", "startup", "--limit", "-1"], ["history", "--flow", "startup", "--run", "-3"],
-            ["cancel", "--flow", "startup", "--busy-timeout", "-5"], ["session", "login", "bob", "--expires-in", "-5d"],
+            ["cancel", "--flow", "startup", "--busy-timeout", "-5"],
+            ["session", "login", "bob", "--expires-in", "-5d"],
         ] {
             let result = try await hopctl(arguments, in: folder)
             #expect(result.status == 64 && result.stderr.contains("out of range"), "\(arguments): \(result.stderr)")
@@ -28,9 +31,12 @@ import Testing
 
     @Test func aMistypedCommandGetsTheClosestOne() async throws {
         let folder = try TemporaryDirectory()
-        for (typed, meant) in [("statuss", "status"), ("histroy", "history"), ("unhp", "unhop"), ("sesion", "session")] {
+        for (typed, meant) in [("statuss", "status"), ("histroy", "history"), ("unhp", "unhop"), ("sesion", "session")]
+        {
             let result = try await hopctl([typed], in: folder)
-            #expect(result.status == 64 && result.stderr.contains("did you mean `hopctl \(meant)`"), "\(typed): \(result.stderr)")
+            #expect(
+                result.status == 64 && result.stderr.contains("did you mean `hopctl \(meant)`"),
+                "\(typed): \(result.stderr)")
         }
     }
 
@@ -47,10 +53,14 @@ import Testing
     @Test func statusAndHistoryAgreeOnAFlowThatNeverRan() async throws {
         let folder = try TemporaryDirectory()
         try await completedStartup(folder)
-        for arguments in [["status", "--flow", "nosuch"], ["history", "--flow", "nosuch"], ["status", "--flow", "nosuch", "--json"]] {
+        for arguments in [
+            ["status", "--flow", "nosuch"], ["history", "--flow", "nosuch"], ["status", "--flow", "nosuch", "--json"],
+        ] {
             let result = try await hopctl(arguments, in: folder)
             #expect(result.status == 1, "\(arguments): \(result.stdout)")
-            #expect(result.stderr.contains("no run of flow 'nosuch'") && result.stderr.contains("startup"), "\(arguments): \(result.stderr)")
+            #expect(
+                result.stderr.contains("no run of flow 'nosuch'") && result.stderr.contains("startup"),
+                "\(arguments): \(result.stderr)")
         }
         let otherSubject = try await hopctl(["status", "--flow", "startup", "--subject", "nobody"], in: folder)
         #expect(otherSubject.status == 0, "a known flow with no run for a subject is no error: \(otherSubject.stderr)")
@@ -61,10 +71,13 @@ import Testing
         try await completedStartup(folder)
         let result = try await hopctl(["reset-first-use", "nosuchfeature"], in: folder)
         #expect(result.status == 0)
-        #expect(result.stdout.contains("no first-use flag was set for default of nosuchfeature") && result.stdout.contains("onboarding"), "\(result.stdout)")
+        #expect(
+            result.stdout.contains("no first-use flag was set for default of nosuchfeature")
+                && result.stdout.contains("onboarding"), "\(result.stdout)")
         #expect(!result.stdout.contains("is first-use again"), "\(result.stdout)")
         let store = try await HopStore.open(path: folder.database)
-        #expect(try await store.isFirstUse(subject: "default", feature: "onboarding") == false, "nothing else was reset")
+        #expect(
+            try await store.isFirstUse(subject: "default", feature: "onboarding") == false, "nothing else was reset")
     }
 
     @Test func readCommandsTakeNoBusyTimeoutAndEmptyJSONIsOneLine() async throws {
@@ -84,8 +97,13 @@ import Testing
         let json = try #require(try await hopctlJSON(["history", "--flow", "startup"], in: folder) as? [String: Any])
         let entries = try #require(json["entries"] as? [[String: Any]])
         let login = try #require(entries.first { $0["kind"] as? String == "unhop" && $0["step"] as? String == "login" })
-        #expect((login["value"] as? [String: Any])?["userID"] as? String == "alice", "\(String(describing: login["value"]))")
-        let firstUse = try #require(entries.first { $0["kind"] as? String == "decision" && ($0["step"] as? String)?.hasPrefix("isFirstUse") == true })
+        #expect(
+            (login["value"] as? [String: Any])?["userID"] as? String == "alice", "\(String(describing: login["value"]))"
+        )
+        let firstUse = try #require(
+            entries.first {
+                $0["kind"] as? String == "decision" && ($0["step"] as? String)?.hasPrefix("isFirstUse") == true
+            })
         #expect(firstUse["value"] as? Bool == true)
     }
 }

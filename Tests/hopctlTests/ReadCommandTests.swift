@@ -17,7 +17,8 @@ import Testing
         let folder = try TemporaryDirectory()
         try await completedStartup(folder)
         // JSON: absolute times, the same whenever the command runs.
-        let after = try await run("hopctl", ["history", "--flow", "startup", "--json", "--db", folder.database], in: folder)
+        let after = try await run(
+            "hopctl", ["history", "--flow", "startup", "--json", "--db", folder.database], in: folder)
         for arguments in [
             ["--db", folder.database, "history", "--flow", "startup", "--json"],
             ["--db=\(folder.database)", "--busy-timeout", "100", "history", "--flow", "startup", "--json"],
@@ -26,7 +27,8 @@ import Testing
             #expect(before.status == 0, "\(arguments): \(before.stderr)")
             #expect(before.stdout == after.stdout)
         }
-        let login = try await run("hopctl", ["--db", folder.database, "session", "login", "bob", "--subject", "kiosk"], in: folder)
+        let login = try await run(
+            "hopctl", ["--db", folder.database, "session", "login", "bob", "--subject", "kiosk"], in: folder)
         #expect(login.status == 0, "\(login.stderr)")
         #expect(try await HopStore.open(path: folder.database).session(subject: "kiosk")?.userID == "bob")
     }
@@ -38,14 +40,20 @@ import Testing
         #expect(table.status == 0)
         let lines = table.stdout.split(separator: "\n")
         #expect(lines.count == 2)
-        #expect(lines[0].split(separator: " ", omittingEmptySubsequences: true) == ["FLOW", "SUBJECT", "RUN", "STATUS", "STEP", "OWNER", "CHANGED"])
+        #expect(
+            lines[0].split(separator: " ", omittingEmptySubsequences: true) == [
+                "FLOW", "SUBJECT", "RUN", "STATUS", "STEP", "OWNER", "CHANGED",
+            ])
         #expect(lines[1].contains("startup") && lines[1].contains("completed") && lines[1].contains("ago"))
 
-        let json = try #require(try await hopctlJSON(["status", "--flow", "startup", "--subject", "default"], in: folder) as? [[String: Any]])
+        let json = try #require(
+            try await hopctlJSON(["status", "--flow", "startup", "--subject", "default"], in: folder)
+                as? [[String: Any]])
         #expect(json.count == 1)
         #expect(
             Set(json[0].keys) == [
-                "run", "flow", "subject", "status", "current_step", "flow_version", "created_at", "updated_at", "owner", "lease_live",
+                "run", "flow", "subject", "status", "current_step", "flow_version", "created_at", "updated_at", "owner",
+                "lease_live",
             ])
         #expect(json[0]["status"] as? String == "completed" && json[0]["flow"] as? String == "startup")
         #expect(try await hopctlJSON(["status", "--subject", "nobody"], in: folder) as? [Any] != nil)
@@ -61,7 +69,8 @@ import Testing
         #expect(entries.last?["kind"] as? String == "complete")
         #expect(Set(entries[0].keys) == ["seq", "kind", "step", "value", "at"])
 
-        let limited = try #require(try await hopctlJSON(["history", "--flow", "startup", "--limit", "2"], in: folder) as? [String: Any])
+        let limited = try #require(
+            try await hopctlJSON(["history", "--flow", "startup", "--limit", "2"], in: folder) as? [String: Any])
         #expect((limited["entries"] as? [[String: Any]])?.compactMap { $0["seq"] as? Int } == [11, 12])
         let byID = try await hopctl(["history", "--flow", "startup", "--run", "1"], in: folder)
         #expect(byID.status == 0 && byID.stdout.contains("run 1 of startup for default: completed"))
@@ -115,7 +124,8 @@ import Testing
     @Test func everyCommandHasHelpAndCompletionScriptsAreGenerated() async throws {
         let folder = try TemporaryDirectory()
         for command in [
-            [], ["migrate"], ["status"], ["history"], ["unhop"], ["cancel"], ["restart"], ["reset-first-use"], ["first-use", "list"],
+            [], ["migrate"], ["status"], ["history"], ["unhop"], ["cancel"], ["restart"], ["reset-first-use"],
+            ["first-use", "list"],
             ["session", "login"], ["session", "logout"], ["session", "show"], ["graph"],
         ] {
             let result = try await run("hopctl", command + ["--help"], in: folder)

@@ -31,23 +31,31 @@ import Testing
         #expect(empty.status == 64 && empty.stderr.contains("read no token"), "\(empty.stderr)")
         #expect(!empty.stderr.contains("SUBCOMMANDS"), "the whole usage was printed: \(empty.stderr)")
 
-        let huge = try await hopctl(["session", "login", "alice", "--token-stdin"], in: folder, stdin: String(repeating: "k", count: 5000))
+        let huge = try await hopctl(
+            ["session", "login", "alice", "--token-stdin"], in: folder, stdin: String(repeating: "k", count: 5000))
         #expect(huge.status == 64 && huge.stderr.contains("at most 4096 bytes"), "\(huge.stderr)")
         #expect(!huge.stderr.contains("kkkk"))
 
         // Raw bytes through a shell: ff fe fd is no UTF-8, and must not be stored repaired.
         let hopctl = builtProduct("hopctl")
         let raw = try await run(
-            "/bin/sh", ["-c", #"printf '\377\376\375' | "\#(hopctl)" session login alice --token-stdin --db "\#(folder.database)""#], in: folder)
+            "/bin/sh",
+            [
+                "-c",
+                #"printf '\377\376\375' | "\#(hopctl)" session login alice --token-stdin --db "\#(folder.database)""#,
+            ], in: folder)
         #expect(raw.status == 64 && raw.stderr.contains("not valid UTF-8"), "\(raw.stderr)")
-        #expect(try await HopStore.open(path: folder.database).session(subject: "default") == nil, "a refusal stores nothing")
+        #expect(
+            try await HopStore.open(path: folder.database).session(subject: "default") == nil,
+            "a refusal stores nothing")
     }
 
     @Test func anExpiringSessionReRoutesAStepThatLastsWhileASessionIsStoredAsALogoutDoes() async throws {
         let folder = try TemporaryDirectory()
         let store = try await HopStore.open(path: folder.database)
         try await store.markUsed(subject: "default", feature: "onboarding")
-        let daemon = try ChildProcess("hop-test-daemon", ["--db", folder.database, "--external", "--reroute"], directory: folder)
+        let daemon = try ChildProcess(
+            "hop-test-daemon", ["--db", folder.database, "--external", "--reroute"], directory: folder)
         defer { daemon.kill() }
         try await daemon.waitForOutput("parked login")
         #expect(try await hopctl(["session", "login", "alice", "--expires-in", "2s"], in: folder).status == 0)
@@ -61,8 +69,12 @@ import Testing
         let reroute = try #require(history.last { $0.kind == .reroute })
         #expect(reroute.at >= expiry.addingTimeInterval(-0.01), "re-routed before the expiry")
         #expect(reroute.value == #"{"reason":"session-expired"}"#)
-        #expect(history.suffix(4).map { "\($0.kind.rawValue) \($0.step ?? "")" } == ["hop main", "reroute main", "decision session", "hop login"])
-        #expect(history.last { $0.kind == .decision && $0.step == "session" }?.value == "null", "the flow saw no session")
+        #expect(
+            history.suffix(4).map { "\($0.kind.rawValue) \($0.step ?? "")" } == [
+                "hop main", "reroute main", "decision session", "hop login",
+            ])
+        #expect(
+            history.last { $0.kind == .decision && $0.step == "session" }?.value == "null", "the flow saw no session")
         let show = try await hopctl(["session", "show"], in: folder)
         #expect(show.stdout.contains("no session stored"), "\(show.stdout)")
     }
@@ -71,7 +83,8 @@ import Testing
         let folder = try TemporaryDirectory()
         let store = try await HopStore.open(path: folder.database)
         try await store.markUsed(subject: "default", feature: "onboarding")
-        let first = try ChildProcess("hop-test-daemon", ["--db", folder.database, "--external", "--reroute"], directory: folder)
+        let first = try ChildProcess(
+            "hop-test-daemon", ["--db", folder.database, "--external", "--reroute"], directory: folder)
         try await first.waitForOutput("parked login")
         #expect(try await hopctl(["session", "login", "alice", "--expires-in", "1s"], in: folder).status == 0)
         try await first.waitForOutput("parked main", timeout: .seconds(5))
@@ -81,10 +94,13 @@ import Testing
         try await waitUntil("the session has expired", timeout: .seconds(5)) { Date() > expiry.addingTimeInterval(0.2) }
         #expect(try await store.run(id: 1)?.currentStep == "main", "nothing moved the run while no daemon ran")
 
-        let second = try ChildProcess("hop-test-daemon", ["--db", folder.database, "--external", "--reroute"], directory: folder)
+        let second = try ChildProcess(
+            "hop-test-daemon", ["--db", folder.database, "--external", "--reroute"], directory: folder)
         defer { second.kill() }
         try await second.waitForOutput("parked login", timeout: .seconds(10))
-        let kinds = try await store.history(runID: 1).filter { $0.kind != .takeover }.map { "\($0.kind.rawValue) \($0.step ?? "")" }
+        let kinds = try await store.history(runID: 1).filter { $0.kind != .takeover }.map {
+            "\($0.kind.rawValue) \($0.step ?? "")"
+        }
         #expect(kinds.suffix(4) == ["hop main", "reroute main", "decision session", "hop login"], "\(kinds)")
     }
 
@@ -94,7 +110,8 @@ import Testing
         let run = try await store.startRun(flow: "startup", subject: "default", version: "1").run
         try await store.recordHop(runID: run.id, step: "login", parks: true, wakeOn: .sessionStored)
         let refused = await #expect(throws: HopError.self) {
-            try await store.storeSession(subject: "default", userID: "bob", token: "t", expiresAt: Date().addingTimeInterval(-1))
+            try await store.storeSession(
+                subject: "default", userID: "bob", token: "t", expiresAt: Date().addingTimeInterval(-1))
         }
         #expect(refused?.code == .invalidInput)
         #expect(try await store.run(id: run.id)?.status == .parked, "an expired session woke the login step")

@@ -10,7 +10,8 @@ import Testing
         defer { daemon.kill() }
         try await daemon.waitForOutput("parked onboarding")
 
-        let unhop = try await hopctl(["unhop", "--flow", "startup", "--step", "onboarding", "--output", #"{"accepted": true}"#], in: folder)
+        let unhop = try await hopctl(
+            ["unhop", "--flow", "startup", "--step", "onboarding", "--output", #"{"accepted": true}"#], in: folder)
         #expect(unhop.status == 0, "\(unhop.stderr)")
         #expect(unhop.stdout.contains("unhopped onboarding"))
         try await daemon.waitForOutput("parked login", timeout: .seconds(1))
@@ -18,7 +19,8 @@ import Testing
         // The same command again (a retry, a double click): it must not finish login.
         let again = try await hopctl(["unhop", "--flow", "startup", "--step", "onboarding"], in: folder)
         #expect(again.status == 1, "a retried unhop finished the step after it")
-        #expect(again.stderr.contains("run 1 is not parked on 'onboarding': it is parked on 'login'"), "\(again.stderr)")
+        #expect(
+            again.stderr.contains("run 1 is not parked on 'onboarding': it is parked on 'login'"), "\(again.stderr)")
         let login = try await hopctl(["unhop", "--flow", "startup", "--step", "login"], in: folder)
         #expect(login.status == 1 && login.stderr.contains("hopctl session login"), "\(login.stderr)")
         let store = try await HopStore.open(path: folder.database)
@@ -40,7 +42,9 @@ import Testing
         #expect(try await hopctl(["unhop", "--flow", "startup", "--step", "onboarding"], in: folder).status == 0)
         try await daemon.waitForOutput("parked login")
 
-        let login = try await hopctl(["session", "login", "alice", "--token-stdin", "--expires-in", "12h"], in: folder, stdin: "very-secret-token\n")
+        let login = try await hopctl(
+            ["session", "login", "alice", "--token-stdin", "--expires-in", "12h"], in: folder,
+            stdin: "very-secret-token\n")
         #expect(login.status == 0, "\(login.stderr)")
         #expect(!login.stdout.contains("very-secret-token") && !login.stderr.contains("very-secret-token"))
         #expect(login.stdout.contains("was waiting for a login"))

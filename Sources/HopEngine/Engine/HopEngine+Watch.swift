@@ -21,7 +21,12 @@ extension HopEngine: Service {
         try await expireSessions()  // sessions that expired while no daemon ran end their steps now
         try await resumeAll()
         environment.notify(.ready)
-        logger.info("engine running", metadata: ["hop.db": "\(storage.location)", "hop.engine": "\(id)", "hop.flows": "\(environment.flowNames.joined(separator: ","))"])
+        logger.info(
+            "engine running",
+            metadata: [
+                "hop.db": "\(storage.location)", "hop.engine": "\(id)",
+                "hop.flows": "\(environment.flowNames.joined(separator: ","))",
+            ])
         await cancelWhenGracefulShutdown {
             await self.watch()
         }
@@ -79,7 +84,9 @@ extension HopEngine: Service {
     private func expireSessions() async throws {
         for runID in try await storage.expireSessions(now: Date()) {
             if let run = try await storage.run(id: runID) {
-                logger.info("session expired; its step is re-routed", metadata: environment.metadata(run, step: run.currentStep))
+                logger.info(
+                    "session expired; its step is re-routed", metadata: environment.metadata(run, step: run.currentStep)
+                )
                 execute(run)
             }
         }
@@ -99,7 +106,9 @@ extension HopEngine: Service {
                 executing[runID]?.cancel()
                 logger.warning(
                     "lost the lease on a run to another engine (this one was stalled past its lease); stopped executing it, writing nothing more",
-                    metadata: ["hop.run": "\(runID)", "hop.owner": "\(stored.owner.map(Incarnation.label(of:)) ?? "none")"])
+                    metadata: [
+                        "hop.run": "\(runID)", "hop.owner": "\(stored.owner.map(Incarnation.label(of:)) ?? "none")",
+                    ])
             }
         }
     }

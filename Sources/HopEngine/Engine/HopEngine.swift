@@ -2,7 +2,7 @@ import CoreMetrics
 import Foundation
 import Logging
 
-/// Executes flows durably over a ``HopStore``: every hop, unhop and decision is committed
+/// Executes flows durably over a `HopStore`: every hop, unhop and decision is committed
 /// before the flow proceeds, and unfinished runs resume where they were after a crash.
 ///
 /// ```swift
@@ -31,7 +31,7 @@ public actor HopEngine {
     /// This engine's incarnation: the owner of the runs it executes, unique to this engine, and
     /// the liveness lock that lets other engines take its runs back at once when its process dies.
     public nonisolated var incarnation: Incarnation { environment.incarnation }
-    /// This engine's owner value in the database (``Incarnation/id``): its label and a random part.
+    /// This engine's owner value in the database (`Incarnation/id`): its label and a random part.
     public nonisolated var id: String { environment.incarnation.id }
     /// This engine's readable label: ``Configuration/engineID``, else host and process id.
     public nonisolated var label: String { environment.incarnation.label }
@@ -97,7 +97,8 @@ public actor HopEngine {
     public func start(_ flow: String, subject: String = "default") async throws -> RunRecord {
         guard let definition = environment.flow(named: flow) else {
             throw HopError(
-                .notRegistered, "no flow is registered under '\(flow)': register it with engine.register(Flow(\"\(flow)\", …))")
+                .notRegistered,
+                "no flow is registered under '\(flow)': register it with engine.register(Flow(\"\(flow)\", …))")
         }
         let (run, created) = try await storage.startRun(flow: flow, subject: subject, version: definition.version)
         if created { logger.info("started run", metadata: environment.metadata(run)) }
@@ -107,7 +108,7 @@ public actor HopEngine {
 
     /// Finishes the step that the unfinished run of `flow` for `subject` has in flight, with
     /// `token` (from ``inFlight(flow:subject:)``), exactly once; then the run proceeds.
-    /// - Throws: ``HopError`` with code `.refused`, changing nothing, for a stale token, a second
+    /// - Throws: `HopError` with code `.refused`, changing nothing, for a stale token, a second
     ///   unhop or a finished run, or when there is no unfinished run.
     public func unhop(
         flow: String, subject: String = "default", token: String, output: (some Encodable & Sendable)? = String?.none
@@ -124,7 +125,7 @@ public actor HopEngine {
 
     /// Finishes `step`, on which the unfinished run of `flow` for `subject` is parked, exactly
     /// once; then the run proceeds. Addressed by step, so a retry never finishes the step after it.
-    /// - Throws: ``HopError`` with code `.refused`, changing nothing, when the run is not parked on
+    /// - Throws: `HopError` with code `.refused`, changing nothing, when the run is not parked on
     ///   `step` or `step` finishes when a session is stored (use ``storeSession(subject:userID:token:expiresAt:)``);
     ///   `.notFound` without an unfinished run.
     public func unhop(
@@ -167,7 +168,7 @@ public actor HopEngine {
     /// Stores the session of `subject` and moves on the subject's runs parked on a step that
     /// waits for a login (``ExternalStep/external(unhopWhen:)`` with `.sessionStored`).
     ///
-    /// Use this rather than ``HopStore/storeSession(subject:userID:token:expiresAt:)`` inside a
+    /// Use this rather than `HopStore/storeSession(subject:userID:token:expiresAt:)` inside a
     /// daemon: the engine does not watch its own writes, only other processes'.
     public func storeSession(subject: String, userID: String, token: String, expiresAt: Date? = nil) async throws {
         let woken = try await storage.storeSession(subject: subject, userID: userID, token: token, expiresAt: expiresAt)
@@ -175,7 +176,7 @@ public actor HopEngine {
     }
 
     /// Removes the session of `subject` and re-routes the subject's runs parked on a step that
-    /// lasts only while a session is stored (``WakeCondition/sessionRemoved``).
+    /// lasts only while a session is stored (`WakeCondition/sessionRemoved`).
     @discardableResult
     public func deleteSession(subject: String) async throws -> Bool {
         let (removed, rerouted) = try await storage.deleteSession(subject: subject)

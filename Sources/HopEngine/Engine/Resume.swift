@@ -67,7 +67,8 @@ extension ExecutionEnvironment {
             logger.info(
                 "an engine's process is gone; its runs are taken over",
                 metadata: [
-                    "hop.engine": "\(Incarnation.label(of: owner))", "hop.incarnation": "\(owner)", "hop.runs": "\(runs)",
+                    "hop.engine": "\(Incarnation.label(of: owner))", "hop.incarnation": "\(owner)",
+                    "hop.runs": "\(runs)",
                 ])
         }
         return released

@@ -17,7 +17,10 @@ final class ExecutionEnvironment: Sendable {
     /// Which runs this engine holds, and which it found it lost.
     let holdings = Mutex(Holdings())
 
-    init(storage: any HopStorage, incarnation: Incarnation, configuration: HopEngine.Configuration, metrics: EngineMetrics, logger: Logger) {
+    init(
+        storage: any HopStorage, incarnation: Incarnation, configuration: HopEngine.Configuration,
+        metrics: EngineMetrics, logger: Logger
+    ) {
         self.storage = storage
         self.incarnation = incarnation
         self.configuration = configuration
@@ -53,7 +56,9 @@ final class ExecutionEnvironment: Sendable {
     }
 
     func metadata(_ run: RunRecord, step: String? = nil) -> Logger.Metadata {
-        var metadata: Logger.Metadata = ["hop.run": "\(run.id)", "hop.flow": "\(run.flow)", "hop.subject": "\(run.subject)"]
+        var metadata: Logger.Metadata = [
+            "hop.run": "\(run.id)", "hop.flow": "\(run.flow)", "hop.subject": "\(run.subject)",
+        ]
         if let step { metadata["hop.step"] = "\(step)" }
         return metadata
     }

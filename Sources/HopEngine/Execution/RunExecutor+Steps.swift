@@ -21,7 +21,9 @@ extension RunExecutor {
                     until: deadline)
                 return try await stepReturned(finished, step: step, token: token, unhop: unhop, started: started)
             } catch {
-                if let output = try await stepThrew(error, step: step, retry: registration.retry, attempt: attempt, unhop: unhop) {
+                if let output = try await stepThrew(
+                    error, step: step, retry: registration.retry, attempt: attempt, unhop: unhop)
+                {
                     return output
                 }
             }
@@ -134,7 +136,9 @@ extension RunExecutor {
         if unhop.result.unhopped { return StepOutput(json: unhop.result.output) }
         let (storage, runID, owner) = (storage, run.id, environment.owner)
         do {
-            try await record(.timeout, step) { try await storage.recordTimeout(runID: runID, token: token, owner: owner) }
+            try await record(.timeout, step) {
+                try await storage.recordTimeout(runID: runID, token: token, owner: owner)
+            }
             return nil
         } catch let error as HopError where error.code == .refused && unhop.result.unhopped {
             return StepOutput(json: unhop.result.output)

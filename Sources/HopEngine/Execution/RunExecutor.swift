@@ -120,7 +120,8 @@ final class RunExecutor: Sendable {
         let (storage, runID, owner, recordedFrom) = (storage, run.id, environment.owner, hook == nil ? nil : from)
         let entry = try await record(.hop, step) {
             try await storage.recordHop(
-                runID: runID, step: step, from: recordedFrom, parks: parks, wakeOn: wakeOn, deadline: deadline, owner: owner)
+                runID: runID, step: step, from: recordedFrom, parks: parks, wakeOn: wakeOn, deadline: deadline,
+                owner: owner)
         }
         environment.metrics.hops.increment()
         replay.withLock { $0.lastStep = step }
@@ -160,7 +161,8 @@ final class RunExecutor: Sendable {
     /// A decision: the recorded value, or `read`'s value, recorded.
     func decide<T: Codable & Sendable>(_ name: String, _ read: @Sendable () async throws -> T) async throws -> T {
         if let recorded = try replay.withLock({ try $0.consume(.decision, name) }) {
-            return try JSONCoding.decode(T.self, from: recorded.value ?? "null", what: "the recorded decision '\(name)'")
+            return try JSONCoding.decode(
+                T.self, from: recorded.value ?? "null", what: "the recorded decision '\(name)'")
         }
         let value = try await read()
         let (storage, runID, owner, json) = (storage, run.id, environment.owner, try JSONCoding.encode(value))
@@ -207,14 +209,17 @@ final class RunExecutor: Sendable {
         environment.logger.debug(
             "recorded \(kind.rawValue)",
             metadata: [
-                "hop.run": "\(run.id)", "hop.flow": "\(run.flow)", "hop.subject": "\(run.subject)", "hop.step": "\(name ?? "")",
+                "hop.run": "\(run.id)", "hop.flow": "\(run.flow)", "hop.subject": "\(run.subject)",
+                "hop.step": "\(name ?? "")",
             ])
         return entry
     }
 
     /// When the run was finished or taken over elsewhere, stops this execution (it writes nothing more).
     func stopIfFinishedElsewhere() async throws {
-        if let current = try await storage.run(id: run.id), !current.status.isUnfinished || current.owner != environment.owner {
+        if let current = try await storage.run(id: run.id),
+            !current.status.isUnfinished || current.owner != environment.owner
+        {
             stop(Suspension.finished)
             throw Suspension.finished
         }

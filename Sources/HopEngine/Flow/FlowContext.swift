@@ -34,6 +34,7 @@ public final class FlowContext: Sendable {
     /// replay, once the step is unhopped.
     ///
     /// - Parameters:
+    ///   - step: the registered step to enter.
     ///   - timeout: how long the step may take. The deadline is stored with the hop, so it holds
     ///     across restarts; when it passes first, the step is ended (an in-process step's task is
     ///     cancelled) and the result's ``StepOutput/timedOut`` is `true`: take the timeout branch.
@@ -55,7 +56,9 @@ public final class FlowContext: Sendable {
     /// Sleeps durably: the deadline is recorded, so a run resumed after a restart wakes at the
     /// original deadline, not a fresh one (at once when it has passed).
     ///
-    /// - Parameter name: unique within the run's path when a flow sleeps more than once.
+    /// - Parameters:
+    ///   - duration: how long to sleep, from the first time the run reaches this call.
+    ///   - name: unique within the run's path when a flow sleeps more than once.
     public func sleep(for duration: Duration, name: String = "sleep") async throws {
         try await executor.sleep(for: duration, name: name)
     }
@@ -65,15 +68,20 @@ public final class FlowContext: Sendable {
     /// Reads a condition once and records its value; replay returns the recorded value, so
     /// the run takes the same branch it took before a crash.
     ///
-    /// - Parameter name: unique within the run's path, e.g. `"terms-accepted"`.
-    public func decide<T: Codable & Sendable>(_ name: String, _ read: @Sendable () async throws -> T) async throws -> T {
+    /// - Parameters:
+    ///   - name: unique within the run's path, e.g. `"terms-accepted"`.
+    ///   - read: reads the condition; called only when the history does not hold its value.
+    public func decide<T: Codable & Sendable>(_ name: String, _ read: @Sendable () async throws -> T) async throws -> T
+    {
         try await executor.decide(name, read)
     }
 
     /// Whether the run's subject has never used `feature` (or it was reset): recorded as a decision.
     public func isFirstUse(_ feature: String) async throws -> Bool {
         let (storage, subject) = (executor.storage, subject)
-        return try await decide("isFirstUse(\(feature))") { try await storage.isFirstUse(subject: subject, feature: feature) }
+        return try await decide("isFirstUse(\(feature))") {
+            try await storage.isFirstUse(subject: subject, feature: feature)
+        }
     }
 
     /// The subject's stored session, without its token: recorded as a decision.

@@ -19,7 +19,8 @@ public enum Identifier {
             problem = "it is \(bytes) bytes long; the limit is \(maximumLength)"
         } else if let scalar = Self.firstInvisible(in: value) {
             let code = String(format: "U+%04X", scalar.value)
-            problem = "it contains \(code), \(scalar.properties.generalCategory == .control ? "a control" : "an invisible formatting") character"
+            problem =
+                "it contains \(code), \(scalar.properties.generalCategory == .control ? "a control" : "an invisible formatting") character"
         }
         if let problem {
             throw HopError(
@@ -42,5 +43,7 @@ public enum Identifier {
     }
 
     /// The general categories an identifier may not hold.
-    private static let invisible: Set<Unicode.GeneralCategory> = [.control, .format, .lineSeparator, .paragraphSeparator]
+    private static let invisible: Set<Unicode.GeneralCategory> = [
+        .control, .format, .lineSeparator, .paragraphSeparator,
+    ]
 }

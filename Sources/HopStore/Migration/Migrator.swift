@@ -36,10 +36,14 @@ enum Migrator {
             try connection.write("apply migration \(migration.version) (\(migration.name))") {
                 let current = try check(connection, migrations: migrations).map(\.version).max() ?? 0
                 guard current < migration.version else { return }
-                try connection.execute(migration.sql, operation: "apply migration \(migration.version) (\(migration.name))")
+                try connection.execute(
+                    migration.sql, operation: "apply migration \(migration.version) (\(migration.name))")
                 try connection.run(
                     "INSERT INTO hop_migrations (version, name, checksum, applied_at) VALUES (?1, ?2, ?3, ?4)",
-                    [.integer(Int64(migration.version)), .text(migration.name), .text(migration.checksum), .integer(Clock.nowMilliseconds())],
+                    [
+                        .integer(Int64(migration.version)), .text(migration.name), .text(migration.checksum),
+                        .integer(Clock.nowMilliseconds()),
+                    ],
                     operation: "record migration \(migration.version)")
             }
             version = migration.version
@@ -51,9 +55,11 @@ enum Migrator {
     /// holds no Hop schema yet), read in a read transaction.
     private static func appliedVersion(_ connection: Connection, migrations: [Migration]) throws -> Int {
         try connection.read("check schema") {
-            let exists = try connection.queryOne(
-                "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = 'hop_migrations'", [], operation: "check schema"
-            ) { _ in true } ?? false
+            let exists =
+                try connection.queryOne(
+                    "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = 'hop_migrations'", [],
+                    operation: "check schema"
+                ) { _ in true } ?? false
             return exists ? (try check(connection, migrations: migrations).map(\.version).max() ?? 0) : 0
         }
     }
@@ -81,7 +87,8 @@ enum Migrator {
         if let newest = applied.last, newest.version > latest {
             throw HopError(
                 .schemaTooNew, operation: "open", path: connection.path,
-                reason: "the database has schema version \(newest.version) (\(newest.name)), written by a newer Hop; this binary knows versions up to \(latest)",
+                reason:
+                    "the database has schema version \(newest.version) (\(newest.name)), written by a newer Hop; this binary knows versions up to \(latest)",
                 hint: "Use a Hop release that knows schema version \(newest.version); nothing was changed")
         }
         let known = Dictionary(uniqueKeysWithValues: migrations.map { ($0.version, $0) })
@@ -89,8 +96,11 @@ enum Migrator {
             guard let migration = known[record.version], migration.checksum == record.checksum else {
                 throw HopError(
                     .migrationEdited, operation: "open", path: connection.path,
-                    reason: "migration \(record.version) (\(record.name)) was applied with checksum \(record.checksum), but this binary's copy differs",
-                    hint: "Applied migrations must never be edited: restore the original file and add a new numbered migration instead")
+                    reason:
+                        "migration \(record.version) (\(record.name)) was applied with checksum \(record.checksum), but this binary's copy differs",
+                    hint:
+                        "Applied migrations must never be edited: restore the original file and add a new numbered migration instead"
+                )
             }
         }
         return applied
@@ -101,7 +111,8 @@ extension HopStore {
     /// The migrations applied to this database, in order.
     public func appliedMigrations() throws -> [(version: Int, name: String, checksum: String, appliedAt: Date)] {
         try connection.query(
-            "SELECT version, name, checksum, applied_at FROM hop_migrations ORDER BY version", [], operation: "read migrations"
+            "SELECT version, name, checksum, applied_at FROM hop_migrations ORDER BY version", [],
+            operation: "read migrations"
         ) { (Int($0.int64(0)), $0.text(1), $0.text(2), Clock.date($0.int64(3))) }
     }
 }

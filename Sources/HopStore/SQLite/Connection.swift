@@ -1,5 +1,5 @@
-import Foundation
 internal import CSQLite
+import Foundation
 
 /// One SQLite connection: opened with Hop's pragmas, its statements cached.
 ///
@@ -15,7 +15,8 @@ final class Connection {
 
     /// Opens the database at `path`, creating it (mode 0600, folder included) when `create` is set.
     /// Only a regular file is adopted, never through a symbolic link (see `DatabaseFile`).
-    init(path: String, create: Bool, durability: HopStore.Durability, busyTimeout: Duration, vfs: String? = nil) throws {
+    init(path: String, create: Bool, durability: HopStore.Durability, busyTimeout: Duration, vfs: String? = nil) throws
+    {
         self.path = path
         createdFile = try DatabaseFile.adopt(path, create: create)
         var opened: OpaquePointer?
@@ -29,7 +30,8 @@ final class Connection {
         }
         handle = opened
         sqlite3_extended_result_codes(handle, 1)
-        let milliseconds = busyTimeout.components.seconds * 1000 + busyTimeout.components.attoseconds / 1_000_000_000_000_000
+        let milliseconds =
+            busyTimeout.components.seconds * 1000 + busyTimeout.components.attoseconds / 1_000_000_000_000_000
         sqlite3_busy_timeout(handle, Int32(clamping: milliseconds))
         do {
             // Reading the schema first turns "not a database" into a clear error before any pragma writes.
@@ -65,7 +67,8 @@ final class Connection {
                 guard mode?.lowercased() == "wal" else {
                     throw HopError(
                         .ioFailure, operation: "open", path: path,
-                        reason: "the database could not be switched to WAL journaling (it reports \(mode ?? "nothing"))",
+                        reason:
+                            "the database could not be switched to WAL journaling (it reports \(mode ?? "nothing"))",
                         hint: "Put the database on a local file system that supports shared memory")
                 }
                 return
@@ -211,6 +214,8 @@ final class Connection {
             reason = "SQLite reported an error"
             hint = nil
         }
-        return HopError(kind, operation: operation, path: path, reason: reason, hint: hint, resultCode: code, sqliteMessage: message)
+        return HopError(
+            kind, operation: operation, path: path, reason: reason, hint: hint, resultCode: code, sqliteMessage: message
+        )
     }
 }

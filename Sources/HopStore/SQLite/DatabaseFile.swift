@@ -17,7 +17,8 @@ enum DatabaseFile {
     static func adopt(_ path: String, create: Bool) throws -> Bool {
         if path.isEmpty || path == ":memory:" || path.hasPrefix("file:") {
             throw refusal(
-                path, "'\(path)' is not a database file path: Hop keeps its state in a file (no in-memory database, no URI)",
+                path,
+                "'\(path)' is not a database file path: Hop keeps its state in a file (no in-memory database, no URI)",
                 hint: "Give a file path with --db or $HOP_DB, e.g. /var/lib/my-daemon/hop.sqlite")
         }
         var info = stat()
@@ -59,7 +60,8 @@ enum DatabaseFile {
                 path, "the path is a symbolic link (to \(target)); Hop opens only the database file itself",
                 hint: "Pass the real path, e.g. --db \(URL(fileURLWithPath: path).resolvingSymlinksInPath().path)")
         case S_IFDIR:
-            throw refusal(path, "the path is a folder, not a database file", hint: "Name a file, e.g. \(path)/hop.sqlite")
+            throw refusal(
+                path, "the path is a folder, not a database file", hint: "Name a file, e.g. \(path)/hop.sqlite")
         default:
             throw refusal(
                 path, "the path is not a regular file (a device, a pipe or a socket); nothing was changed",
@@ -71,14 +73,17 @@ enum DatabaseFile {
     /// Tightens the file and its companions to 0600 when Hop adopts them; refuses a file it
     /// cannot make private (another user's).
     private static func keepPrivate(_ path: String, _ info: stat) throws {
-        for (file, mode, owner) in [(path, info.st_mode, info.st_uid)] + companions.compactMap({ suffix -> (String, mode_t, uid_t)? in
-            var companion = stat()
-            guard lstat(path + suffix, &companion) == 0, companion.st_mode & S_IFMT == S_IFREG else { return nil }
-            return (path + suffix, companion.st_mode, companion.st_uid)
-        }) where mode & 0o077 != 0 {
+        for (file, mode, owner) in [(path, info.st_mode, info.st_uid)]
+            + companions.compactMap({ suffix -> (String, mode_t, uid_t)? in
+                var companion = stat()
+                guard lstat(path + suffix, &companion) == 0, companion.st_mode & S_IFMT == S_IFREG else { return nil }
+                return (path + suffix, companion.st_mode, companion.st_uid)
+            }) where mode & 0o077 != 0
+        {
             guard owner == geteuid() || geteuid() == 0, chmod(file, 0o600) == 0 else {
                 throw refusal(
-                    path, "\(file) is readable by other users (mode \(String(mode & 0o777, radix: 8))) and cannot be made private: it is owned by \(userName(owner))",
+                    path,
+                    "\(file) is readable by other users (mode \(String(mode & 0o777, radix: 8))) and cannot be made private: it is owned by \(userName(owner))",
                     hint: "Run `chmod 600 \(file)` as its owner, or run as that user")
             }
         }
@@ -111,7 +116,9 @@ enum DatabaseFile {
             throw HopError(
                 .cannotOpen, operation: "create database", path: path,
                 reason: "the file cannot be created (\(String(cString: strerror(error))))",
-                hint: "Check that the folder is writable and the disk not full, or choose another path with --db or $HOP_DB")
+                hint:
+                    "Check that the folder is writable and the disk not full, or choose another path with --db or $HOP_DB"
+            )
         }
         fchmod(descriptor, 0o600)
         close(descriptor)
@@ -121,20 +128,23 @@ enum DatabaseFile {
     private static func openFailure(_ path: String, errno code: Int32, info: stat? = nil) -> HopError {
         guard code == EACCES || code == EPERM else {
             return HopError(
-                .cannotOpen, operation: "open", path: path, reason: "the database cannot be opened (\(String(cString: strerror(code))))",
+                .cannotOpen, operation: "open", path: path,
+                reason: "the database cannot be opened (\(String(cString: strerror(code))))",
                 hint: "Check the path and its folder")
         }
         var known = stat()
         let details = info ?? (lstat(path, &known) == 0 ? known : nil)
         guard let details else {
             return HopError(
-                .cannotOpen, operation: "open", path: path, reason: "permission denied: this user cannot reach the database's folder",
+                .cannotOpen, operation: "open", path: path,
+                reason: "permission denied: this user cannot reach the database's folder",
                 hint: "Run as the user that owns the daemon's state, e.g. `sudo -u USER hopctl …`")
         }
         let owner = userName(details.st_uid)
         return HopError(
             .cannotOpen, operation: "open", path: path,
-            reason: "permission denied: the database belongs to \(owner) (mode \(String(details.st_mode & 0o777, radix: 8))) and this user may not read and write it",
+            reason:
+                "permission denied: the database belongs to \(owner) (mode \(String(details.st_mode & 0o777, radix: 8))) and this user may not read and write it",
             hint: "Run as its owner, e.g. `sudo -u \(owner) hopctl …`")
     }
 

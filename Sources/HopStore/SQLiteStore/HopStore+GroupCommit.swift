@@ -55,7 +55,8 @@ extension HopStore {
         let batch = pending
         pending.removeAll(keepingCapacity: true)
         guard !batch.isEmpty else { return }
-        let operation = batch.count == 1 ? batch[0].operation : "\(batch[0].operation) and \(batch.count - 1) more writes"
+        let operation =
+            batch.count == 1 ? batch[0].operation : "\(batch[0].operation) and \(batch.count - 1) more writes"
         do {
             try connection.run("BEGIN IMMEDIATE", [], operation: operation)
         } catch {

@@ -13,7 +13,8 @@ extension HopStore {
     package func claim(runID: Int64, owner: String, until: Date) async throws -> RunRecord? {
         let operation = "claim run \(runID)"
         return try await transaction(operation) { [self] in
-            try claimLocked(selection: "id = ?1", [.integer(runID)], owner: owner, until: until, operation: operation).first
+            try claimLocked(selection: "id = ?1", [.integer(runID)], owner: owner, until: until, operation: operation)
+                .first
         }
     }
 
@@ -24,16 +25,20 @@ extension HopStore {
         let operation = "claim \(runIDs.count) runs"
         return try await transaction(operation) { [self] in
             try claimLocked(
-                selection: "id IN (SELECT value FROM json_each(?1))", [.text(Self.jsonList(runIDs))], owner: owner, until: until,
+                selection: "id IN (SELECT value FROM json_each(?1))", [.text(Self.jsonList(runIDs))], owner: owner,
+                until: until,
                 operation: operation)
         }
     }
 
     /// Claims the running runs that `selection` (over `?1`) picks and nobody else holds: no
     /// owner, the claimer itself, or an expired lease. Records a takeover where one changes hands.
-    private func claimLocked(selection: String, _ selected: [SQLValue], owner: String, until: Date, operation: String) throws -> [RunRecord] {
+    private func claimLocked(
+        selection: String, _ selected: [SQLValue], owner: String, until: Date, operation: String
+    ) throws -> [RunRecord] {
         let now = Clock.nowMilliseconds()
-        let claimable = "\(selection) AND status = \(RunStatus.running.sql) AND (owner IS NULL OR owner = ?2 OR lease_expires_at < ?3)"
+        let claimable =
+            "\(selection) AND status = \(RunStatus.running.sql) AND (owner IS NULL OR owner = ?2 OR lease_expires_at < ?3)"
         try connection.run(
             """
             INSERT INTO history (run_id, seq, kind, step, value, at)
@@ -48,7 +53,8 @@ extension HopStore {
             WHERE \(claimable)
             RETURNING \(RunRecord.columns)
             """,
-            selected + [.text(owner), .integer(now), .integer(Clock.milliseconds(until))], operation: operation, RunRecord.init(row:))
+            selected + [.text(owner), .integer(now), .integer(Clock.milliseconds(until))], operation: operation,
+            RunRecord.init(row:))
     }
 
     /// Extends `owner`'s leases on `runIDs` (the runs it is executing) to `until`, in one
@@ -66,7 +72,8 @@ extension HopStore {
                     WHERE id IN (SELECT value FROM json_each(?1)) AND owner = ?2 AND status = \(RunStatus.running.sql)
                     RETURNING id
                     """,
-                    [.text(Self.jsonList(runIDs)), .text(owner), .integer(Clock.milliseconds(until))], operation: operation
+                    [.text(Self.jsonList(runIDs)), .text(owner), .integer(Clock.milliseconds(until))],
+                    operation: operation
                 ) { $0.int64(0) })
         }
     }
@@ -119,7 +126,8 @@ extension HopStore {
                 WHERE status = \(RunStatus.running.sql) AND flow = ?1 AND (owner IS NULL OR lease_expires_at < ?2)
                 ORDER BY id
                 """,
-                [.text(flow), .integer(Clock.milliseconds(now))], operation: "list runs to resume of \(flow)", RunRecord.init(row:))
+                [.text(flow), .integer(Clock.milliseconds(now))], operation: "list runs to resume of \(flow)",
+                RunRecord.init(row:))
         }
         return runs.sorted { $0.id < $1.id }
     }
@@ -135,7 +143,8 @@ extension HopStore {
     package func statuses(of runIDs: [Int64]) throws -> [Int64: (status: RunStatus, owner: String?)] {
         guard !runIDs.isEmpty else { return [:] }
         let rows = try connection.query(
-            "SELECT id, status, owner FROM runs WHERE id IN (SELECT value FROM json_each(?1))", [.text(Self.jsonList(runIDs))],
+            "SELECT id, status, owner FROM runs WHERE id IN (SELECT value FROM json_each(?1))",
+            [.text(Self.jsonList(runIDs))],
             operation: "read run statuses"
         ) { ($0.int64(0), (status: RunStatus(rawValue: $0.text(1)) ?? .failed, owner: $0.optionalText(2))) }
         return Dictionary(rows, uniquingKeysWith: { first, _ in first })

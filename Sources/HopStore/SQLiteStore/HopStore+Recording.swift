@@ -27,7 +27,9 @@ extension HopStore {
             }
             let token = Token.random()
             let deadlineValue = deadline.map { #"{"deadline":\#(Clock.milliseconds($0))}"# }
-            let event = try append(runID: runID, .hop, step: step, token: token, value: deadlineValue, touchesRun: false, operation: operation)
+            let event = try append(
+                runID: runID, .hop, step: step, token: token, value: deadlineValue, touchesRun: false,
+                operation: operation)
             try connection.run(
                 """
                 UPDATE runs SET current_step = ?2, current_token = ?3, status = ?4, wake_on = ?5, wake_at = ?6,
@@ -36,9 +38,13 @@ extension HopStore {
                     updated_at = ?8
                 WHERE id = ?1
                 """,
-                [.integer(runID), .text(step), .text(token), .text(parks ? RunStatus.parked.rawValue : RunStatus.running.rawValue),
-                 .optional(parks ? wakeOn?.rawValue : nil), .optional(parks ? deadline.map(Clock.milliseconds) : nil),
-                 .integer(parks ? 1 : 0), .integer(Clock.nowMilliseconds())],
+                [
+                    .integer(runID), .text(step), .text(token),
+                    .text(parks ? RunStatus.parked.rawValue : RunStatus.running.rawValue),
+                    .optional(parks ? wakeOn?.rawValue : nil),
+                    .optional(parks ? deadline.map(Clock.milliseconds) : nil),
+                    .integer(parks ? 1 : 0), .integer(Clock.nowMilliseconds()),
+                ],
                 operation: operation)
             if parks, let wakeOn { try endIfAlreadyWokenLocked(runID: runID, wakeOn: wakeOn, operation: operation) }
             return event
@@ -71,7 +77,9 @@ extension HopStore {
     /// - Throws: `.refused`, changing nothing, when the token is stale or unknown, the step
     ///   already unhopped, or the run is finished; `.invalidInput` when `output` is not JSON.
     @discardableResult
-    package func recordUnhop(runID: Int64, token: String, output: String? = nil, owner: String? = nil) async throws -> HistoryEntry {
+    package func recordUnhop(
+        runID: Int64, token: String, output: String? = nil, owner: String? = nil
+    ) async throws -> HistoryEntry {
         let operation = "unhop run \(runID)"
         if let output { try JSONText.validate(output, as: "step output", path: path) }
         return try await transaction(operation) { [self] in
@@ -96,7 +104,9 @@ extension HopStore {
     /// finishes the step after it.
     /// - Throws: `.notFound` without an unfinished run; `.refused`, changing nothing, when the run
     ///   is not parked on `step`, or when `step` is finished by a stored session (a login step).
-    public func unhopParked(flow: String, subject: String, step: String, output: String? = nil) async throws -> (run: RunRecord, unhop: HistoryEntry) {
+    public func unhopParked(
+        flow: String, subject: String, step: String, output: String? = nil
+    ) async throws -> (run: RunRecord, unhop: HistoryEntry) {
         try validate(flow, as: "flow name")
         try validate(subject, as: "subject")
         try validate(step, as: "step name")
@@ -119,7 +129,8 @@ extension HopStore {
             }
             if run.wakeOn == .sessionStored {
                 throw refuse(
-                    .refused, operation, "step '\(step)' of run \(run.id) finishes when a session is stored, not by hand; nothing was changed",
+                    .refused, operation,
+                    "step '\(step)' of run \(run.id) finishes when a session is stored, not by hand; nothing was changed",
                     hint: "Log the user in: `hopctl session login USER --subject \(subject)`")
             }
             let event = try endStepLocked(run, token: token, kind: .unhop, value: output, operation: operation)
@@ -129,7 +140,9 @@ extension HopStore {
 
     /// Records the value a condition had when the run read it; replay returns it again.
     @discardableResult
-    package func recordDecision(runID: Int64, name: String, value: String, owner: String? = nil) async throws -> HistoryEntry {
+    package func recordDecision(
+        runID: Int64, name: String, value: String, owner: String? = nil
+    ) async throws -> HistoryEntry {
         try validate(name, as: "decision name")
         try JSONText.validate(value, as: "decision value", path: path)
         let operation = "record decision \(name) of run \(runID)"
@@ -141,12 +154,15 @@ extension HopStore {
 
     /// Records a durable sleep of run `runID` until `deadline`; replay sleeps until the same deadline.
     @discardableResult
-    package func recordTimer(runID: Int64, name: String, deadline: Date, owner: String? = nil) async throws -> HistoryEntry {
+    package func recordTimer(
+        runID: Int64, name: String, deadline: Date, owner: String? = nil
+    ) async throws -> HistoryEntry {
         try validate(name, as: "timer name")
         let operation = "record timer \(name) of run \(runID)"
         return try await transaction(operation) { [self] in
             _ = try requireRunning(runID, owner: owner, operation: operation)
-            return try append(runID: runID, .timer, step: name, value: "\(Clock.milliseconds(deadline))", operation: operation)
+            return try append(
+                runID: runID, .timer, step: name, value: "\(Clock.milliseconds(deadline))", operation: operation)
         }
     }
 
@@ -166,14 +182,16 @@ extension HopStore {
 
     /// The history name of the effect that marks `feature` used.
 
-
     /// Records that `step` threw. With `final`, the run is marked failed.
     @discardableResult
-    package func recordError(runID: Int64, step: String?, message: String, final: Bool, owner: String? = nil) async throws -> HistoryEntry {
+    package func recordError(
+        runID: Int64, step: String?, message: String, final: Bool, owner: String? = nil
+    ) async throws -> HistoryEntry {
         let operation = "record error of run \(runID)"
         return try await transaction(operation) { [self] in
             _ = try requireUnfinished(runID, owner: owner, operation: operation)
-            let event = try append(runID: runID, final ? .fail : .error, step: step, value: message, operation: operation)
+            let event = try append(
+                runID: runID, final ? .fail : .error, step: step, value: message, operation: operation)
             if final { try setStatus(runID, .failed, operation: operation) }
             return event
         }

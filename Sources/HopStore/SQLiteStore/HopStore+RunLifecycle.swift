@@ -5,7 +5,9 @@ extension HopStore {
     // MARK: Starting, ending and restarting runs
 
     /// Starts a run of `flow` for `subject`, or returns the unfinished one (at most one exists).
-    package func startRun(flow: String, subject: String, version: String) async throws -> (run: RunRecord, created: Bool) {
+    package func startRun(
+        flow: String, subject: String, version: String
+    ) async throws -> (run: RunRecord, created: Bool) {
         try validate(flow, as: "flow name")
         try validate(subject, as: "subject")
         try validate(version, as: "flow version")
@@ -44,16 +46,18 @@ extension HopStore {
         try validate(subject, as: "subject")
         let operation = "restart \(flow) for \(subject)"
         return try await transaction(operation) { [self] in
-            guard let latest = try connection.queryOne(
-                "SELECT \(RunRecord.columns) FROM runs WHERE flow = ?1 AND subject = ?2 ORDER BY id DESC LIMIT 1",
-                [.text(flow), .text(subject)], operation: operation, RunRecord.init(row:))
+            guard
+                let latest = try connection.queryOne(
+                    "SELECT \(RunRecord.columns) FROM runs WHERE flow = ?1 AND subject = ?2 ORDER BY id DESC LIMIT 1",
+                    [.text(flow), .text(subject)], operation: operation, RunRecord.init(row:))
             else {
                 throw refuse(
                     .notFound, operation, "there is no run of flow '\(flow)' for subject '\(subject)'",
                     hint: "Check the names with `hopctl status`")
             }
             if latest.status.isUnfinished {
-                try append(runID: latest.id, .restart, step: latest.currentStep, value: "restarted", operation: operation)
+                try append(
+                    runID: latest.id, .restart, step: latest.currentStep, value: "restarted", operation: operation)
                 try setStatus(latest.id, .cancelled, operation: operation)
             }
             return try insertRunLocked(flow: flow, subject: subject, version: latest.flowVersion, operation: operation)
@@ -74,7 +78,9 @@ extension HopStore {
 
     /// Marks run `runID` diverged: the flow code asked for another path than its history.
     @discardableResult
-    package func divergeRun(runID: Int64, step: String?, message: String, owner: String? = nil) async throws -> HistoryEntry {
+    package func divergeRun(
+        runID: Int64, step: String?, message: String, owner: String? = nil
+    ) async throws -> HistoryEntry {
         let operation = "mark run \(runID) diverged"
         return try await transaction(operation) { [self] in
             _ = try requireUnfinished(runID, owner: owner, operation: operation)

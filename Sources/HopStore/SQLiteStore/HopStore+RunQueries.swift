@@ -81,7 +81,8 @@ extension HopStore {
         if let limit {
             return try connection.query(
                 "SELECT * FROM (SELECT \(HistoryEntry.columns) FROM history WHERE run_id = ?1 ORDER BY seq DESC LIMIT ?2) ORDER BY seq",
-                [.integer(runID), .integer(Int64(limit))], operation: "read history of run \(runID)", HistoryEntry.init(row:))
+                [.integer(runID), .integer(Int64(limit))], operation: "read history of run \(runID)",
+                HistoryEntry.init(row:))
         }
         return try connection.query(
             "SELECT \(HistoryEntry.columns) FROM history WHERE run_id = ?1 ORDER BY seq",

@@ -9,7 +9,8 @@ extension HopStore {
         try validate(feature, as: "feature name")
         return try connection.queryOne(
             "SELECT 1 FROM first_use WHERE subject = ?1 AND feature = ?2", [.text(subject), .text(feature)],
-            operation: "read first use of \(feature)") { _ in true } == nil
+            operation: "read first use of \(feature)"
+        ) { _ in true } == nil
     }
 
     /// The features `subject` has used, by name.
@@ -53,7 +54,8 @@ extension HopStore {
     public func resetAllFirstUse(subject: String) async throws -> Int {
         try validate(subject, as: "subject")
         return try await transaction("reset first use") { [self] in
-            try connection.run("DELETE FROM first_use WHERE subject = ?1", [.text(subject)], operation: "reset first use")
+            try connection.run(
+                "DELETE FROM first_use WHERE subject = ?1", [.text(subject)], operation: "reset first use")
         }
     }
 
@@ -64,11 +66,15 @@ extension HopStore {
     ///
     /// - Returns: the ids of the runs it unhopped; their login step's output is `{"userID": …}`.
     @discardableResult
-    public func storeSession(subject: String, userID: String, token: String, expiresAt: Date? = nil) async throws -> [Int64] {
+    public func storeSession(
+        subject: String, userID: String, token: String, expiresAt: Date? = nil
+    ) async throws -> [Int64] {
         try validate(subject, as: "subject")
         try validate(userID, as: "user id")
         guard !token.isEmpty, token.utf8.count <= StoredSession.maximumTokenBytes else {
-            throw refuse(.invalidInput, "store session", "the session token must be 1 to \(StoredSession.maximumTokenBytes) bytes")
+            throw refuse(
+                .invalidInput, "store session",
+                "the session token must be 1 to \(StoredSession.maximumTokenBytes) bytes")
         }
         if let expiresAt, expiresAt <= Date() {
             throw refuse(
@@ -82,8 +88,10 @@ extension HopStore {
                 INSERT INTO sessions (subject, user_id, token, created_at, expires_at) VALUES (?1, ?2, ?3, ?4, ?5)
                 ON CONFLICT (subject) DO UPDATE SET user_id = ?2, token = ?3, created_at = ?4, expires_at = ?5
                 """,
-                [.text(subject), .text(userID), .text(token), .integer(Clock.nowMilliseconds()),
-                 .optional(expiresAt.map(Clock.milliseconds))],
+                [
+                    .text(subject), .text(userID), .text(token), .integer(Clock.nowMilliseconds()),
+                    .optional(expiresAt.map(Clock.milliseconds)),
+                ],
                 operation: operation)
             return try unhopLoginStepsLocked(subject: subject, userID: userID, operation: operation)
         }
@@ -93,7 +101,8 @@ extension HopStore {
     /// with the output `{"userID": …}`; returns their runs' ids.
     @discardableResult
     func unhopLoginStepsLocked(subject: String, userID: String, operation: String) throws -> [Int64] {
-        try endParkedStepsLocked(subject: subject, wakeOn: .sessionStored, kind: .unhop, value: ["userID": userID], operation: operation)
+        try endParkedStepsLocked(
+            subject: subject, wakeOn: .sessionStored, kind: .unhop, value: ["userID": userID], operation: operation)
     }
 
     /// The stored session of `subject`; an expired session reads as none.
@@ -122,8 +131,11 @@ extension HopStore {
         try validate(subject, as: "subject")
         let operation = "delete session of \(subject)"
         return try await transaction(operation) { [self] in
-            let removed = try connection.run("DELETE FROM sessions WHERE subject = ?1", [.text(subject)], operation: operation) > 0
-            let rerouted = try rerouteSessionStepsLocked(subject: subject, reason: "session-removed", operation: operation)
+            let removed =
+                try connection.run("DELETE FROM sessions WHERE subject = ?1", [.text(subject)], operation: operation)
+                > 0
+            let rerouted = try rerouteSessionStepsLocked(
+                subject: subject, reason: "session-removed", operation: operation)
             return (removed, rerouted)
         }
     }
@@ -137,13 +149,15 @@ extension HopStore {
     package func expireSessions(now: Date = Date()) async throws -> [Int64] {
         let due = Clock.milliseconds(now)
         let query = "SELECT subject FROM sessions WHERE expires_at <= ?1"
-        guard try !connection.query(query, [.integer(due)], operation: "read expired sessions", { $0.text(0) }).isEmpty else { return [] }
+        guard try !connection.query(query, [.integer(due)], operation: "read expired sessions", { $0.text(0) }).isEmpty
+        else { return [] }
         let operation = "expire sessions"
         return try await transaction(operation) { [self] in
             var rerouted: [Int64] = []
             for subject in try connection.query(query, [.integer(due)], operation: operation, { $0.text(0) }) {
                 try connection.run("DELETE FROM sessions WHERE subject = ?1", [.text(subject)], operation: operation)
-                rerouted += try rerouteSessionStepsLocked(subject: subject, reason: "session-expired", operation: operation)
+                rerouted += try rerouteSessionStepsLocked(
+                    subject: subject, reason: "session-expired", operation: operation)
             }
             return rerouted
         }
@@ -152,7 +166,8 @@ extension HopStore {
     /// Ends with a re-route the parked steps of `subject` that last only while a session is stored.
     @discardableResult
     func rerouteSessionStepsLocked(subject: String, reason: String, operation: String) throws -> [Int64] {
-        try endParkedStepsLocked(subject: subject, wakeOn: .sessionRemoved, kind: .reroute, value: ["reason": reason], operation: operation)
+        try endParkedStepsLocked(
+            subject: subject, wakeOn: .sessionRemoved, kind: .reroute, value: ["reason": reason], operation: operation)
     }
 
     /// Ends the parked steps of `subject` that `wakeOn` ends, with a `kind` entry holding `value`
@@ -183,7 +198,8 @@ extension HopStore {
                 INSERT INTO facts (subject, key, value, updated_at) VALUES (?1, ?2, ?3, ?4)
                 ON CONFLICT (subject, key) DO UPDATE SET value = ?3, updated_at = ?4
                 """,
-                [.text(subject), .text(key), .text(value), .integer(Clock.nowMilliseconds())], operation: "set fact \(key)")
+                [.text(subject), .text(key), .text(value), .integer(Clock.nowMilliseconds())],
+                operation: "set fact \(key)")
         }
     }
 
@@ -193,7 +209,8 @@ extension HopStore {
         try validate(key, as: "fact key")
         return try connection.queryOne(
             "SELECT value FROM facts WHERE subject = ?1 AND key = ?2", [.text(subject), .text(key)],
-            operation: "read fact \(key)") { $0.text(0) }
+            operation: "read fact \(key)"
+        ) { $0.text(0) }
     }
 
     /// Every fact about `subject`, by key.
@@ -211,7 +228,9 @@ extension HopStore {
         try validate(subject, as: "subject")
         try validate(key, as: "fact key")
         return try await transaction("remove fact \(key)") { [self] in
-            try connection.run("DELETE FROM facts WHERE subject = ?1 AND key = ?2", [.text(subject), .text(key)], operation: "remove fact \(key)") > 0
+            try connection.run(
+                "DELETE FROM facts WHERE subject = ?1 AND key = ?2", [.text(subject), .text(key)],
+                operation: "remove fact \(key)") > 0
         }
     }
 }

@@ -7,11 +7,14 @@ extension HopStore {
 
     /// Ends the step in flight of `run` with an unhop, a timeout or a re-route, if `token` is its token.
     @discardableResult
-    func endStepLocked(_ run: RunRecord, token: String, kind: HistoryKind, value: String?, operation: String) throws -> HistoryEntry {
+    func endStepLocked(
+        _ run: RunRecord, token: String, kind: HistoryKind, value: String?, operation: String
+    ) throws -> HistoryEntry {
         guard let step = run.currentStep, let current = run.currentToken, current == token else {
             let earlier = try connection.queryOne(
                 "SELECT step, kind FROM history WHERE run_id = ?1 AND kind IN \(HistoryKind.stepEndsSQL) AND token = ?2",
-                [.integer(run.id), .text(token)], operation: operation) { ($0.text(0), $0.text(1)) }
+                [.integer(run.id), .text(token)], operation: operation
+            ) { ($0.text(0), $0.text(1)) }
             if let earlier {
                 let how = earlier.1 == "unhop" ? "has already unhopped" : "has already ended (\(earlier.1))"
                 throw refuse(.refused, operation, "step '\(earlier.0)' of run \(run.id) \(how); a hop ends once")
@@ -20,10 +23,12 @@ extension HopStore {
                 throw refuse(.refused, operation, "run \(run.id) has no step in flight")
             }
             throw refuse(
-                .refused, operation, "the token is stale or unknown: it is not the token of step '\(run.currentStep ?? "?")' in flight",
+                .refused, operation,
+                "the token is stale or unknown: it is not the token of step '\(run.currentStep ?? "?")' in flight",
                 hint: "Read the current token again (`hopctl status`) and retry")
         }
-        let event = try append(runID: run.id, kind, step: step, token: token, value: value, touchesRun: false, operation: operation)
+        let event = try append(
+            runID: run.id, kind, step: step, token: token, value: value, touchesRun: false, operation: operation)
         try connection.run(
             """
             UPDATE runs SET current_step = NULL, current_token = NULL, wake_on = NULL, wake_at = NULL, status = \(RunStatus.running.sql),
@@ -42,16 +47,23 @@ extension HopStore {
         touchesRun: Bool = true, operation: String
     ) throws -> HistoryEntry {
         let now = Clock.nowMilliseconds()
-        let seq = (try connection.queryOne(
-            "SELECT max(seq) FROM history WHERE run_id = ?1", [.integer(runID)], operation: operation) { $0.optionalInt64(0) } ?? nil) ?? 0
+        let seq =
+            (try connection.queryOne(
+                "SELECT max(seq) FROM history WHERE run_id = ?1", [.integer(runID)], operation: operation
+            ) { $0.optionalInt64(0) } ?? nil) ?? 0
         try connection.run(
             "INSERT INTO history (run_id, seq, kind, step, token, value, at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-            [.integer(runID), .integer(seq + 1), .text(kind.rawValue), .optional(step), .optional(token), .optional(value), .integer(now)],
+            [
+                .integer(runID), .integer(seq + 1), .text(kind.rawValue), .optional(step), .optional(token),
+                .optional(value), .integer(now),
+            ],
             operation: operation)
         if touchesRun {
-            try connection.run("UPDATE runs SET updated_at = ?2 WHERE id = ?1", [.integer(runID), .integer(now)], operation: operation)
+            try connection.run(
+                "UPDATE runs SET updated_at = ?2 WHERE id = ?1", [.integer(runID), .integer(now)], operation: operation)
         }
-        return HistoryEntry(runID: runID, seq: seq + 1, kind: kind, step: step, token: token, value: value, at: Clock.date(now))
+        return HistoryEntry(
+            runID: runID, seq: seq + 1, kind: kind, step: step, token: token, value: value, at: Clock.date(now))
     }
 
     /// Ends the run with `status`: no token, no wake-up, no owner.
@@ -83,8 +95,10 @@ extension HopStore {
     }
 
     func requireRun(_ runID: Int64, operation: String) throws -> RunRecord {
-        guard let run = try connection.queryOne(
-            "SELECT \(RunRecord.columns) FROM runs WHERE id = ?1", [.integer(runID)], operation: operation, RunRecord.init(row:))
+        guard
+            let run = try connection.queryOne(
+                "SELECT \(RunRecord.columns) FROM runs WHERE id = ?1", [.integer(runID)], operation: operation,
+                RunRecord.init(row:))
         else {
             throw refuse(.notFound, operation, "run \(runID) does not exist", hint: "List runs with `hopctl status`")
         }
@@ -95,7 +109,8 @@ extension HopStore {
         let run = try requireRun(runID, operation: operation)
         guard run.status.isUnfinished else {
             throw refuse(
-                .refused, operation, "run \(runID) of \(run.flow) for \(run.subject) is \(run.status.rawValue) and no longer advances",
+                .refused, operation,
+                "run \(runID) of \(run.flow) for \(run.subject) is \(run.status.rawValue) and no longer advances",
                 hint: "Start it over with `hopctl restart --flow \(run.flow) --subject \(run.subject)`")
         }
         // Fenced: an engine writes to a run only while it holds it. One that lost it (it was

@@ -96,10 +96,11 @@ public actor HopStore {
                     busyTimeout: options.busyTimeout, vfs: options.vfs)
                 let version: Int
                 do {
-                    version = options.migrate
+                    version =
+                        options.migrate
                         ? try Migrator.migrate(connection, migrations: options.migrations)
                         : try Migrator.verify(connection, migrations: options.migrations)
-                } catch where connection.createdFile {
+                } catch  where connection.createdFile {
                     // A database this call created and could not set up (a full disk): leave nothing.
                     connection.close()
                     throw DatabaseFile.discardCreated(path, after: error)

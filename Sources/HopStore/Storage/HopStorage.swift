@@ -59,7 +59,9 @@ package protocol HopStorage: Sendable {
     @discardableResult
     func recordTimeout(runID: Int64, token: String, owner: String?) async throws -> HistoryEntry
     /// Unhops `step`, on which the unfinished run of `flow` for `subject` is parked.
-    func unhopParked(flow: String, subject: String, step: String, output: String?) async throws -> (run: RunRecord, unhop: HistoryEntry)
+    func unhopParked(
+        flow: String, subject: String, step: String, output: String?
+    ) async throws -> (run: RunRecord, unhop: HistoryEntry)
     /// Records the value a condition had when the run read it.
     @discardableResult
     func recordDecision(runID: Int64, name: String, value: String, owner: String?) async throws -> HistoryEntry
@@ -71,7 +73,9 @@ package protocol HopStorage: Sendable {
     func markUsed(runID: Int64, feature: String, owner: String?) async throws -> HistoryEntry
     /// Records that a step threw; with `final`, the run fails.
     @discardableResult
-    func recordError(runID: Int64, step: String?, message: String, final: Bool, owner: String?) async throws -> HistoryEntry
+    func recordError(
+        runID: Int64, step: String?, message: String, final: Bool, owner: String?
+    ) async throws -> HistoryEntry
 
     // MARK: Reading runs
 

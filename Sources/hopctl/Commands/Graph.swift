@@ -60,11 +60,14 @@ struct Graph: AsyncParsableCommand {
 
     private func dot(_ edges: [HopEdge]) -> String {
         func quoted(_ text: String) -> String {
-            "\"" + Output.printable(text).replacingOccurrences(of: "\\", with: "\\\\").replacingOccurrences(of: "\"", with: "\\\"") + "\""
+            "\""
+                + Output.printable(text).replacingOccurrences(of: "\\", with: "\\\\").replacingOccurrences(
+                    of: "\"", with: "\\\"") + "\""
         }
         var lines = ["digraph \(quoted(flow)) {", "    rankdir=LR;", "    \"(start)\" [shape=circle];"]
         for edge in edges {
-            lines.append("    \(edge.from.map(quoted) ?? "\"(start)\"") -> \(quoted(edge.to)) [label=\"\(edge.count)\"];")
+            lines.append(
+                "    \(edge.from.map(quoted) ?? "\"(start)\"") -> \(quoted(edge.to)) [label=\"\(edge.count)\"];")
         }
         lines.append("}")
         return lines.joined(separator: "\n")

@@ -12,7 +12,9 @@ struct History: AsyncParsableCommand {
     @Option(help: ArgumentHelp("The flow.", valueName: "flow"))
     var flow: String
 
-    @Option(parsing: .unconditional, help: ArgumentHelp("A run id (see `hopctl status`) instead of the latest run.", valueName: "id"))
+    @Option(
+        parsing: .unconditional,
+        help: ArgumentHelp("A run id (see `hopctl status`) instead of the latest run.", valueName: "id"))
     var run: Int64?
 
     @Option(parsing: .unconditional, help: ArgumentHelp("Only the last N entries (1 or more).", valueName: "n"))
@@ -21,7 +23,9 @@ struct History: AsyncParsableCommand {
     func validate() throws {
         try checkIdentifier(flow, as: "flow name")
         if let limit, limit < 1 { throw ValidationError("--limit is out of range: give 1 or more entries") }
-        if let run, run < 1 { throw ValidationError("--run is out of range: run ids are 1 or more (see `hopctl status`)") }
+        if let run, run < 1 {
+            throw ValidationError("--run is out of range: run ids are 1 or more (see `hopctl status`)")
+        }
     }
 
     func run() async throws {
@@ -33,7 +37,8 @@ struct History: AsyncParsableCommand {
             if let record, record.flow != flow || record.subject != subject {
                 throw HopError(
                     .notFound, operation: "history", path: store.path,
-                    reason: "run \(run) belongs to flow '\(record.flow)' for subject '\(record.subject)', not '\(flow)' for '\(subject)'",
+                    reason:
+                        "run \(run) belongs to flow '\(record.flow)' for subject '\(record.subject)', not '\(flow)' for '\(subject)'",
                     hint: "Pass the matching --flow and --subject")
             }
         } else {
@@ -43,7 +48,8 @@ struct History: AsyncParsableCommand {
             if run == nil { try await requireFlow(flow, in: store, operation: "history") }
             throw HopError(
                 .notFound, operation: "history", path: store.path,
-                reason: run.map { "there is no run \($0)" } ?? "there is no run of flow '\(flow)' for subject '\(subject)'",
+                reason: run.map { "there is no run \($0)" }
+                    ?? "there is no run of flow '\(flow)' for subject '\(subject)'",
                 hint: "List runs with `hopctl status --flow \(flow)`")
         }
         let entries = try await store.history(runID: record.id, limit: limit)
@@ -53,9 +59,15 @@ struct History: AsyncParsableCommand {
                     run: RunJSON(record),
                     entries: entries.map(HistoryJSON.Entry.init)))
         }
-        Output.line("run \(record.id) of \(Output.printable(flow)) for \(Output.printable(subject)): \(record.status.rawValue)")
+        Output.line(
+            "run \(record.id) of \(Output.printable(flow)) for \(Output.printable(subject)): \(record.status.rawValue)")
         Output.table(
             ["SEQ", "KIND", "STEP", "VALUE", "AT"],
-            entries.map { ["\($0.seq)", $0.kind.rawValue, $0.step ?? "-", Output.abbreviated($0.value ?? ""), Output.relative($0.at)] })
+            entries.map {
+                [
+                    "\($0.seq)", $0.kind.rawValue, $0.step ?? "-", Output.abbreviated($0.value ?? ""),
+                    Output.relative($0.at),
+                ]
+            })
     }
 }

@@ -9,7 +9,9 @@ struct SessionCommand: AsyncParsableCommand {
     struct Login: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "Store a session for USER; a run parked on a login step moves on.",
-            discussion: "The token is read from standard input with --token-stdin, or generated. It is never taken as an argument, which would leave it in shell history and `ps`.")
+            discussion:
+                "The token is read from standard input with --token-stdin, or generated. It is never taken as an argument, which would leave it in shell history and `ps`."
+        )
 
         @OptionGroup var global: GlobalOptions
         @OptionGroup var subjectOption: SubjectOption
@@ -19,7 +21,9 @@ struct SessionCommand: AsyncParsableCommand {
 
         @Option(
             parsing: .unconditional,
-            help: ArgumentHelp("How long the session lasts, at least 1s: 90s, 30m, 12h, 7d (default: it never expires).", valueName: "duration"))
+            help: ArgumentHelp(
+                "How long the session lasts, at least 1s: 90s, 30m, 12h, 7d (default: it never expires).",
+                valueName: "duration"))
         var expiresIn: String?
 
         @Flag(help: "Read the session token from standard input (its trailing newline is dropped).")
@@ -34,14 +38,17 @@ struct SessionCommand: AsyncParsableCommand {
             guard extra.isEmpty else {
                 // Never repeat what was given: it may be the token.
                 throw ValidationError(
-                    "session login takes one argument, the user id; a token is never taken as an argument (it would stay in shell history and `ps`): pipe it to --token-stdin")
+                    "session login takes one argument, the user id; a token is never taken as an argument (it would stay in shell history and `ps`): pipe it to --token-stdin"
+                )
             }
             if let expiresIn {
                 guard let seconds = DurationText.seconds(expiresIn) else {
-                    throw ValidationError("--expires-in is not a duration: write a number followed by s, m, h or d (e.g. 12h)")
+                    throw ValidationError(
+                        "--expires-in is not a duration: write a number followed by s, m, h or d (e.g. 12h)")
                 }
                 guard seconds >= 1, seconds <= DurationText.maximum else {
-                    throw ValidationError("--expires-in is out of range: a session lasts from 1s to 100 years (e.g. 12h)")
+                    throw ValidationError(
+                        "--expires-in is out of range: a session lasts from 1s to 100 years (e.g. 12h)")
                 }
             }
         }
@@ -57,7 +64,8 @@ struct SessionCommand: AsyncParsableCommand {
             let store = try await global.openForWriting()
             let subject = subjectOption.subject
             let woken = try await store.storeSession(subject: subject, userID: user, token: token, expiresAt: expiresAt)
-            var text = "stored session of \(Output.printable(user)) for \(Output.printable(subject)) (token \(StoredSession.redact(token)))"
+            var text =
+                "stored session of \(Output.printable(user)) for \(Output.printable(subject)) (token \(StoredSession.redact(token)))"
             text += expiresAt.map { ", expires \(Output.relative($0))" } ?? ", never expires"
             Output.line(text)
             for run in woken { Output.line("run \(run) was waiting for a login: it moves on") }
@@ -69,13 +77,21 @@ struct SessionCommand: AsyncParsableCommand {
             var bytes = [UInt8](FileHandle.standardInput.readDataToEndOfFile())
             while let last = bytes.last, last == 0x0A || last == 0x0D { bytes.removeLast() }
             guard !bytes.isEmpty else {
-                throw UsageError("--token-stdin read no token from standard input: pipe the token in, e.g. `printf %s \"$TOKEN\" | hopctl session login USER --token-stdin`")
+                throw UsageError(
+                    "--token-stdin read no token from standard input: pipe the token in, e.g. `printf %s \"$TOKEN\" | hopctl session login USER --token-stdin`"
+                )
             }
             guard bytes.count <= StoredSession.maximumTokenBytes else {
-                throw UsageError("the token on standard input is \(bytes.count) bytes; a session token is at most \(StoredSession.maximumTokenBytes) bytes")
+                throw UsageError(
+                    "the token on standard input is \(bytes.count) bytes; a session token is at most \(StoredSession.maximumTokenBytes) bytes"
+                )
             }
-            guard let token = String(validating: bytes, as: UTF8.self), !token.unicodeScalars.contains(where: { $0.value < 0x20 || $0.value == 0x7F }) else {
-                throw UsageError("the token on standard input is not valid UTF-8 text (or holds control characters); it was not stored")
+            guard let token = String(validating: bytes, as: UTF8.self),
+                !token.unicodeScalars.contains(where: { $0.value < 0x20 || $0.value == 0x7F })
+            else {
+                throw UsageError(
+                    "the token on standard input is not valid UTF-8 text (or holds control characters); it was not stored"
+                )
             }
             return token
         }
@@ -101,7 +117,8 @@ struct SessionCommand: AsyncParsableCommand {
     }
 
     struct Show: AsyncParsableCommand {
-        static let configuration = CommandConfiguration(abstract: "The subject's stored session; the token redacted unless --reveal-token.")
+        static let configuration = CommandConfiguration(
+            abstract: "The subject's stored session; the token redacted unless --reveal-token.")
 
         @OptionGroup var global: ReadOptions
         @OptionGroup var subjectOption: SubjectOption
@@ -126,7 +143,12 @@ struct SessionCommand: AsyncParsableCommand {
             }
             Output.table(
                 ["SUBJECT", "USER", "TOKEN", "CREATED", "EXPIRES"],
-                [[subject, session.userID, token, Output.relative(session.createdAt), session.expiresAt.map { Output.relative($0) } ?? "never"]])
+                [
+                    [
+                        subject, session.userID, token, Output.relative(session.createdAt),
+                        session.expiresAt.map { Output.relative($0) } ?? "never",
+                    ]
+                ])
         }
     }
 }

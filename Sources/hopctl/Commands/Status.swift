@@ -4,7 +4,8 @@ import HopStore
 
 struct Status: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "One line per run: flow, subject, status, current step, owner, last change (latest run of each flow and subject).",
+        abstract:
+            "One line per run: flow, subject, status, current step, owner, last change (latest run of each flow and subject).",
         discussion: """
             OWNER is the label of the engine executing the run and whether its lease is live; \
             "-" when no engine holds the run (it is parked, finished, or waits for an engine).
@@ -32,7 +33,12 @@ struct Status: AsyncParsableCommand {
         if runs.isEmpty { return Output.note("no runs in \(store.path)") }
         Output.table(
             ["FLOW", "SUBJECT", "RUN", "STATUS", "STEP", "OWNER", "CHANGED"],
-            runs.map { [$0.flow, $0.subject, "\($0.id)", $0.status.rawValue, $0.currentStep ?? "-", Self.owner($0), Output.relative($0.updatedAt)] })
+            runs.map {
+                [
+                    $0.flow, $0.subject, "\($0.id)", $0.status.rawValue, $0.currentStep ?? "-", Self.owner($0),
+                    Output.relative($0.updatedAt),
+                ]
+            })
     }
 
     /// The owner's label and whether its lease is live, or "-".
@@ -48,5 +54,6 @@ func requireFlow(_ flow: String, in store: HopStore, operation: String) async th
     guard !flows.contains(flow) else { return }
     throw HopError(
         .notFound, operation: operation, path: store.path, reason: "there is no run of flow '\(flow)'",
-        hint: flows.isEmpty ? "No flow has run here yet" : "The flows here: \(flows.joined(separator: ", ")) (see `hopctl status`)")
+        hint: flows.isEmpty
+            ? "No flow has run here yet" : "The flows here: \(flows.joined(separator: ", ")) (see `hopctl status`)")
 }

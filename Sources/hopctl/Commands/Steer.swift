@@ -44,8 +44,11 @@ struct Unhop: AsyncParsableCommand {
 
     func run() async throws {
         let store = try await global.openForWriting()
-        let (run, unhop) = try await store.unhopParked(flow: selection.flow, subject: selection.subject, step: step, output: output)
-        Output.line("unhopped \(Output.printable(unhop.step ?? "?")) of run \(run.id) (\(Output.printable(run.flow)) for \(Output.printable(run.subject))); the daemon moves the run on")
+        let (run, unhop) = try await store.unhopParked(
+            flow: selection.flow, subject: selection.subject, step: step, output: output)
+        Output.line(
+            "unhopped \(Output.printable(unhop.step ?? "?")) of run \(run.id) (\(Output.printable(run.flow)) for \(Output.printable(run.subject))); the daemon moves the run on"
+        )
     }
 }
 
@@ -58,14 +61,17 @@ struct Cancel: AsyncParsableCommand {
 
     func run() async throws {
         let store = try await global.openForWriting()
-        let run = try await store.cancelRun(flow: selection.flow, subject: selection.subject, reason: "cancelled by hopctl")
+        let run = try await store.cancelRun(
+            flow: selection.flow, subject: selection.subject, reason: "cancelled by hopctl")
         Output.line("cancelled run \(run.id) (\(Output.printable(run.flow)) for \(Output.printable(run.subject)))")
     }
 }
 
 struct Restart: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "Start the flow over: a new run begins from the first step the next time the daemon runs it. The old run's history is kept.")
+        abstract:
+            "Start the flow over: a new run begins from the first step the next time the daemon runs it. The old run's history is kept."
+    )
 
     @OptionGroup var global: GlobalOptions
     @OptionGroup var selection: RunSelection
@@ -73,7 +79,9 @@ struct Restart: AsyncParsableCommand {
     func run() async throws {
         let store = try await global.openForWriting()
         let run = try await store.restartRun(flow: selection.flow, subject: selection.subject)
-        Output.line("run \(run.id) of \(Output.printable(run.flow)) for \(Output.printable(run.subject)) starts from the beginning; earlier runs are kept")
+        Output.line(
+            "run \(run.id) of \(Output.printable(run.flow)) for \(Output.printable(run.subject)) starts from the beginning; earlier runs are kept"
+        )
     }
 }
 
@@ -93,7 +101,9 @@ struct ResetFirstUse: AsyncParsableCommand {
 
     func validate() throws {
         if all && !features.isEmpty { throw ValidationError("name features or pass --all, not both") }
-        if !all && features.isEmpty { throw ValidationError("name the features to reset (e.g. onboarding), or pass --all") }
+        if !all && features.isEmpty {
+            throw ValidationError("name the features to reset (e.g. onboarding), or pass --all")
+        }
         for feature in features { try checkIdentifier(feature, as: "feature name") }
     }
 
@@ -102,19 +112,27 @@ struct ResetFirstUse: AsyncParsableCommand {
         let subject = subjectOption.subject
         if all {
             let count = try await store.resetAllFirstUse(subject: subject)
-            return Output.line("every feature is first-use again for \(Output.printable(subject)) (\(count) flag\(count == 1 ? "" : "s") cleared)")
+            return Output.line(
+                "every feature is first-use again for \(Output.printable(subject)) (\(count) flag\(count == 1 ? "" : "s") cleared)"
+            )
         }
         let set = Set(try await store.firstUseFlags(subject: subject).map(\.feature))
         let count = try await store.resetFirstUse(subject: subject, features: features)
         let cleared = features.filter(set.contains)
         if !cleared.isEmpty {
             Output.line(
-                "\(cleared.map(Output.printable).joined(separator: ", ")) \(cleared.count == 1 ? "is" : "are") first-use again for \(Output.printable(subject)) (\(count) flag\(count == 1 ? "" : "s") cleared)")
+                "\(cleared.map(Output.printable).joined(separator: ", ")) \(cleared.count == 1 ? "is" : "are") first-use again for \(Output.printable(subject)) (\(count) flag\(count == 1 ? "" : "s") cleared)"
+            )
         }
         let unknown = features.filter { !set.contains($0) }
         if !unknown.isEmpty {
-            let known = set.isEmpty ? "no feature is marked used" : "the features marked used: \(set.sorted().map(Output.printable).joined(separator: ", "))"
-            Output.line("no first-use flag was set for \(Output.printable(subject)) of \(unknown.map(Output.printable).joined(separator: ", ")) (\(known)); nothing to clear")
+            let known =
+                set.isEmpty
+                ? "no feature is marked used"
+                : "the features marked used: \(set.sorted().map(Output.printable).joined(separator: ", "))"
+            Output.line(
+                "no first-use flag was set for \(Output.printable(subject)) of \(unknown.map(Output.printable).joined(separator: ", ")) (\(known)); nothing to clear"
+            )
         }
     }
 }
@@ -124,7 +142,8 @@ struct FirstUse: AsyncParsableCommand {
         commandName: "first-use", abstract: "First-use flags.", subcommands: [List.self])
 
     struct List: AsyncParsableCommand {
-        static let configuration = CommandConfiguration(abstract: "The features the subject has used; any other is on its first use.")
+        static let configuration = CommandConfiguration(
+            abstract: "The features the subject has used; any other is on its first use.")
 
         @OptionGroup var global: ReadOptions
         @OptionGroup var subjectOption: SubjectOption
@@ -134,9 +153,13 @@ struct FirstUse: AsyncParsableCommand {
             let store = try await global.openForReading()
             let subject = subjectOption.subject
             let flags = try await store.firstUseFlags(subject: subject)
-            if output.json { return try Output.json(flags.map { FirstUseJSON(subject: subject, feature: $0.feature, usedAt: $0.usedAt) }) }
+            if output.json {
+                return try Output.json(
+                    flags.map { FirstUseJSON(subject: subject, feature: $0.feature, usedAt: $0.usedAt) })
+            }
             if flags.isEmpty { return Output.note("no feature used yet by \(subject): everything is on its first use") }
-            Output.table(["SUBJECT", "FEATURE", "USED"], flags.map { [subject, $0.feature, Output.relative($0.usedAt)] })
+            Output.table(
+                ["SUBJECT", "FEATURE", "USED"], flags.map { [subject, $0.feature, Output.relative($0.usedAt)] })
         }
     }
 }
