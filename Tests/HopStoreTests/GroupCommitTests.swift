@@ -7,9 +7,9 @@ import Testing
 extension HopStore {
     /// A write that changes the run, then fails: what a failure half-way through a write looks like.
     fileprivate func writeThenFail(runID: Int64) async throws {
-        try await transaction("write then fail") { [self] in
-            try append(runID: runID, .decision, step: "half-written", value: "1", operation: "write then fail")
-            throw HopError(.refused, operation: "write then fail", path: path, reason: "failing on purpose")
+        try await transaction("write then fail") { tx in
+            try tx.append(runID: runID, .decision, step: "half-written", value: "1", operation: "write then fail")
+            throw tx.refuse(.refused, "write then fail", "failing on purpose")
         }
     }
 }

@@ -143,17 +143,16 @@ final class Connection {
     /// Runs `body` in one write transaction, begun IMMEDIATE so that the write lock is taken
     /// (or the busy timeout spent) before anything is read. Commits when `body` returns,
     /// rolls back when it throws: a failed call changes nothing.
+    /// Migrations and the store's group commit both write through it.
     @discardableResult
     func write<T>(_ operation: String, _ body: () throws -> T) throws -> T {
-        try execute("BEGIN IMMEDIATE", operation: operation)
+        try run("BEGIN IMMEDIATE", [], operation: operation)
         let result: T
         do {
             result = try body()
-            try execute("COMMIT", operation: operation)
+            try run("COMMIT", [], operation: operation)
         } catch {
-            if sqlite3_get_autocommit(handle) == 0 {
-                sqlite3_exec(handle, "ROLLBACK", nil, nil, nil)
-            }
+            rollback()
             throw error
         }
         return result
@@ -168,8 +167,8 @@ final class Connection {
 
     /// Runs `body` in one read transaction: a consistent snapshot that never blocks writers.
     func read<T>(_ operation: String, _ body: () throws -> T) throws -> T {
-        try execute("BEGIN DEFERRED", operation: operation)
-        defer { sqlite3_exec(handle, "COMMIT", nil, nil, nil) }
+        try run("BEGIN DEFERRED", [], operation: operation)
+        defer { rollback() }
         return try body()
     }
 

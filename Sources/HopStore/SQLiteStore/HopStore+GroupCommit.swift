@@ -7,8 +7,8 @@
 extension HopStore {
     struct PendingWrite {
         let operation: String
-        /// Runs the write inside the shared transaction and keeps its result.
-        let apply: () throws -> Void
+        /// Runs the write inside the shared transaction, on the store's connection, and keeps its result.
+        let apply: (Connection) throws -> Void
         /// Resumes the caller: with the kept result, or with the error that undid the write.
         let finish: ((any Error)?) -> Void
     }
@@ -24,16 +24,18 @@ extension HopStore {
 
     /// Runs `body` as one write of the next group transaction and returns its result once committed.
     @discardableResult
-    func transaction<T: Sendable>(_ operation: String, _ body: @escaping () throws -> T) async throws -> T {
+    func transaction<T: Sendable>(
+        _ operation: String, _ body: @escaping (WriteTransaction) throws -> T
+    ) async throws -> T {
         try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<T, any Error>) in
             var result: Result<T, any Error> = .failure(
                 HopError(.sqlite, operation: operation, path: path, reason: "the write was not applied"))
             pending.append(
                 PendingWrite(
                     operation: operation,
-                    apply: {
+                    apply: { connection in
                         do {
-                            result = .success(try body())
+                            result = .success(try body(WriteTransaction(connection: connection, operation: operation)))
                         } catch {
                             result = .failure(error)
                             throw error
@@ -49,7 +51,7 @@ extension HopStore {
         }
     }
 
-    /// Commits every pending write in one transaction.
+    /// Commits every pending write in one transaction (`Connection.write`, as migrations do).
     private func flush() {
         flushScheduled = false
         let batch = pending
@@ -57,54 +59,38 @@ extension HopStore {
         guard !batch.isEmpty else { return }
         let operation =
             batch.count == 1 ? batch[0].operation : "\(batch[0].operation) and \(batch.count - 1) more writes"
+        var aWriteFailed = false
+        let failures: [(any Error)?]
         do {
-            try connection.run("BEGIN IMMEDIATE", [], operation: operation)
-        } catch {
-            for write in batch { write.finish(error) }
-            return
-        }
-        var failures: [(any Error)?]
-        if let applied = applyAll(batch) {
-            failures = applied
-        } else if batch.count == 1 {
-            // Alone in its transaction, it failed: the rollback undoes it.
-            return
-        } else {
-            // One write failed: start over with each write in a savepoint of its own, so that
-            // it alone is undone.
+            // The common case: no write fails, and none needs a savepoint.
+            try connection.write(operation) {
+                for write in batch {
+                    do {
+                        try write.apply(connection)
+                    } catch {
+                        aWriteFailed = true
+                        throw error
+                    }
+                }
+            }
+            failures = Array(repeating: nil, count: batch.count)
+        } catch  where aWriteFailed && batch.count > 1 {
+            // One write failed and the transaction was rolled back: start over with each write in
+            // a savepoint of its own, so that it alone is undone.
             do {
-                try connection.run("BEGIN IMMEDIATE", [], operation: operation)
+                failures = try connection.write(operation) { applyEachInSavepoint(batch) }
             } catch {
                 for write in batch { write.finish(error) }
                 return
             }
-            failures = applyEachInSavepoint(batch)
-        }
-        do {
-            try connection.run("COMMIT", [], operation: operation)
-            statistics.transactions += 1
-            statistics.writes += failures.count { $0 == nil }
-            for (write, failure) in zip(batch, failures) { write.finish(failure) }
         } catch {
-            connection.rollback()
+            // The transaction could not begin or commit, or the one write in it failed.
             for write in batch { write.finish(error) }
+            return
         }
-    }
-
-    /// Applies every write of `batch` in the open transaction, without savepoints: the common
-    /// case, where none fails. When one fails, rolls the transaction back and returns `nil`
-    /// (a batch of one is finished with its error).
-    private func applyAll(_ batch: [PendingWrite]) -> [(any Error)?]? {
-        for write in batch {
-            do {
-                try write.apply()
-            } catch {
-                connection.rollback()
-                if batch.count == 1 { write.finish(error) }
-                return nil
-            }
-        }
-        return Array(repeating: nil, count: batch.count)
+        statistics.transactions += 1
+        statistics.writes += failures.count { $0 == nil }
+        for (write, failure) in zip(batch, failures) { write.finish(failure) }
     }
 
     /// Applies each write of `batch` in a savepoint of its own; returns each one's error.
@@ -115,7 +101,7 @@ extension HopStore {
             do {
                 try connection.run("SAVEPOINT hop_write", [], operation: write.operation)
                 do {
-                    try write.apply()
+                    try write.apply(connection)
                     try connection.run("RELEASE hop_write", [], operation: write.operation)
                     failures.append(nil)
                 } catch {

@@ -12,8 +12,8 @@ extension HopStore {
     /// finished. When the run changes hands, a `takeover` entry records it in the run's history.
     package func claim(runID: Int64, owner: String, until: Date) async throws -> RunRecord? {
         let operation = "claim run \(runID)"
-        return try await transaction(operation) { [self] in
-            try claimLocked(selection: "id = ?1", [.integer(runID)], owner: owner, until: until, operation: operation)
+        return try await transaction(operation) { tx in
+            try tx.claim(selection: "id = ?1", [.integer(runID)], owner: owner, until: until, operation: operation)
                 .first
         }
     }
@@ -23,38 +23,12 @@ extension HopStore {
     package func claim(runIDs: [Int64], owner: String, until: Date) async throws -> [RunRecord] {
         guard !runIDs.isEmpty else { return [] }
         let operation = "claim \(runIDs.count) runs"
-        return try await transaction(operation) { [self] in
-            try claimLocked(
+        return try await transaction(operation) { tx in
+            try tx.claim(
                 selection: "id IN (SELECT value FROM json_each(?1))", [.text(Self.jsonList(runIDs))], owner: owner,
                 until: until,
                 operation: operation)
         }
-    }
-
-    /// Claims the running runs that `selection` (over `?1`) picks and nobody else holds: no
-    /// owner, the claimer itself, or an expired lease. Records a takeover where one changes hands.
-    private func claimLocked(
-        selection: String, _ selected: [SQLValue], owner: String, until: Date, operation: String
-    ) throws -> [RunRecord] {
-        let now = Clock.nowMilliseconds()
-        let claimable =
-            "\(selection) AND status = \(RunStatus.running.sql) AND (owner IS NULL OR owner = ?2 OR lease_expires_at < ?3)"
-        try connection.run(
-            """
-            INSERT INTO history (run_id, seq, kind, step, value, at)
-            SELECT id, coalesce((SELECT max(seq) FROM history WHERE run_id = runs.id), 0) + 1, \(HistoryKind.takeover.sql), ?4,
-                json_object('from', last_owner, 'to', ?2), ?3
-            FROM runs WHERE \(claimable) AND last_owner IS NOT NULL AND last_owner != ?2
-            """,
-            selected + [.text(owner), .integer(now), .text(Incarnation.label(of: owner))], operation: operation)
-        return try connection.query(
-            """
-            UPDATE runs SET owner = ?2, last_owner = ?2, lease_expires_at = ?4
-            WHERE \(claimable)
-            RETURNING \(RunRecord.columns)
-            """,
-            selected + [.text(owner), .integer(now), .integer(Clock.milliseconds(until))], operation: operation,
-            RunRecord.init(row:))
     }
 
     /// Extends `owner`'s leases on `runIDs` (the runs it is executing) to `until`, in one
@@ -64,9 +38,9 @@ extension HopStore {
     package func renewLeases(owner: String, runIDs: [Int64], until: Date) async throws -> Set<Int64> {
         guard !runIDs.isEmpty else { return [] }
         let operation = "renew leases"
-        return try await transaction(operation) { [self] in
+        return try await transaction(operation) { tx in
             Set(
-                try connection.query(
+                try tx.query(
                     """
                     UPDATE runs SET lease_expires_at = ?3
                     WHERE id IN (SELECT value FROM json_each(?1)) AND owner = ?2 AND status = \(RunStatus.running.sql)
@@ -80,8 +54,8 @@ extension HopStore {
 
     /// Gives up `owner`'s lease on run `runID`, so another engine may take it at once.
     package func release(runID: Int64, owner: String) async throws {
-        try await transaction("release run \(runID)") { [self] in
-            try connection.run(
+        try await transaction("release run \(runID)") { tx in
+            try tx.run(
                 "UPDATE runs SET owner = NULL, lease_expires_at = NULL WHERE id = ?1 AND owner = ?2",
                 [.integer(runID), .text(owner)], operation: "release run \(runID)")
         }
@@ -104,8 +78,8 @@ extension HopStore {
         for entry in dead {
             if !entry.owner.isEmpty {
                 let operation = "release the runs of dead engine \(entry.owner)"
-                let count = try await transaction(operation) { [self] in
-                    try connection.run(
+                let count = try await transaction(operation) { tx in
+                    try tx.run(
                         "UPDATE runs SET owner = NULL, lease_expires_at = NULL WHERE owner = ?1 AND status = \(RunStatus.running.sql)",
                         [.text(entry.owner)], operation: operation)
                 }
@@ -153,5 +127,33 @@ extension HopStore {
     /// `ids` as a JSON array, for `json_each(?)`: one bound parameter for any number of ids.
     static func jsonList(_ ids: [Int64]) -> String {
         "[" + ids.map(String.init).joined(separator: ",") + "]"
+    }
+}
+
+extension WriteTransaction {
+    /// Claims the running runs that `selection` (over `?1`) picks and nobody else holds: no
+    /// owner, the claimer itself, or an expired lease. Records a takeover where one changes hands.
+    fileprivate func claim(
+        selection: String, _ selected: [SQLValue], owner: String, until: Date, operation: String
+    ) throws -> [RunRecord] {
+        let now = Clock.nowMilliseconds()
+        let claimable =
+            "\(selection) AND status = \(RunStatus.running.sql) AND (owner IS NULL OR owner = ?2 OR lease_expires_at < ?3)"
+        try connection.run(
+            """
+            INSERT INTO history (run_id, seq, kind, step, value, at)
+            SELECT id, coalesce((SELECT max(seq) FROM history WHERE run_id = runs.id), 0) + 1, \(HistoryKind.takeover.sql), ?4,
+                json_object('from', last_owner, 'to', ?2), ?3
+            FROM runs WHERE \(claimable) AND last_owner IS NOT NULL AND last_owner != ?2
+            """,
+            selected + [.text(owner), .integer(now), .text(Incarnation.label(of: owner))], operation: operation)
+        return try connection.query(
+            """
+            UPDATE runs SET owner = ?2, last_owner = ?2, lease_expires_at = ?4
+            WHERE \(claimable)
+            RETURNING \(RunRecord.columns)
+            """,
+            selected + [.text(owner), .integer(now), .integer(Clock.milliseconds(until))], operation: operation,
+            RunRecord.init(row:))
     }
 }

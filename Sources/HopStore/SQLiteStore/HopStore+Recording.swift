@@ -17,20 +17,20 @@ extension HopStore {
     ) async throws -> HistoryEntry {
         try validate(step, as: "step name")
         let operation = "hop run \(runID) to \(step)"
-        return try await transaction(operation) { [self] in
-            let run = try requireRunning(runID, owner: owner, operation: operation)
+        return try await transaction(operation) { tx in
+            let run = try tx.requireRunning(runID, owner: owner, operation: operation)
             if let inFlight = run.currentStep, run.currentToken != nil {
-                throw refuse(.refused, operation, "step '\(inFlight)' is still in flight; it must unhop first")
+                throw tx.refuse(.refused, operation, "step '\(inFlight)' is still in flight; it must unhop first")
             }
             if let from {
-                try append(runID: runID, .transition, step: step, value: from, operation: operation)
+                try tx.append(runID: runID, .transition, step: step, value: from, operation: operation)
             }
             let token = Token.random()
             let deadlineValue = deadline.map { #"{"deadline":\#(Clock.milliseconds($0))}"# }
-            let event = try append(
+            let event = try tx.append(
                 runID: runID, .hop, step: step, token: token, value: deadlineValue, touchesRun: false,
                 operation: operation)
-            try connection.run(
+            try tx.run(
                 """
                 UPDATE runs SET current_step = ?2, current_token = ?3, status = ?4, wake_on = ?5, wake_at = ?6,
                     owner = CASE WHEN ?7 THEN NULL ELSE owner END,
@@ -46,26 +46,8 @@ extension HopStore {
                     .integer(parks ? 1 : 0), .integer(Clock.nowMilliseconds()),
                 ],
                 operation: operation)
-            if parks, let wakeOn { try endIfAlreadyWokenLocked(runID: runID, wakeOn: wakeOn, operation: operation) }
+            if parks, let wakeOn { try tx.endIfAlreadyWoken(runID: runID, wakeOn: wakeOn, operation: operation) }
             return event
-        }
-    }
-
-    /// A step that parks until a stored change, whose change has already happened when it parks,
-    /// ends at once in the same transaction, as the change would have ended it: a login step
-    /// entered after the session was stored (a login that raced the hop) is unhopped, a step that
-    /// lasts while a session is stored is re-routed when none is. Otherwise it would wait for a
-    /// change that already came.
-    private func endIfAlreadyWokenLocked(runID: Int64, wakeOn: WakeCondition, operation: String) throws {
-        let subject = try requireRun(runID, operation: operation).subject
-        let stored = try session(subject: subject)
-        switch (wakeOn, stored) {
-        case (.sessionStored, let stored?):
-            try unhopLoginStepsLocked(subject: subject, userID: stored.userID, operation: operation)
-        case (.sessionRemoved, nil):
-            try rerouteSessionStepsLocked(subject: subject, reason: "session-removed", operation: operation)
-        default:
-            break
         }
     }
 
@@ -82,9 +64,9 @@ extension HopStore {
     ) async throws -> HistoryEntry {
         let operation = "unhop run \(runID)"
         if let output { try JSONText.validate(output, as: "step output", path: path) }
-        return try await transaction(operation) { [self] in
-            let run = try requireUnfinished(runID, owner: owner, operation: operation)
-            return try endStepLocked(run, token: token, kind: .unhop, value: output, operation: operation)
+        return try await transaction(operation) { tx in
+            let run = try tx.requireUnfinished(runID, owner: owner, operation: operation)
+            return try tx.endStep(run, token: token, kind: .unhop, value: output, operation: operation)
         }
     }
 
@@ -93,9 +75,9 @@ extension HopStore {
     @discardableResult
     package func recordTimeout(runID: Int64, token: String, owner: String? = nil) async throws -> HistoryEntry {
         let operation = "time out run \(runID)"
-        return try await transaction(operation) { [self] in
-            let run = try requireUnfinished(runID, owner: owner, operation: operation)
-            return try endStepLocked(run, token: token, kind: .timeout, value: nil, operation: operation)
+        return try await transaction(operation) { tx in
+            let run = try tx.requireUnfinished(runID, owner: owner, operation: operation)
+            return try tx.endStep(run, token: token, kind: .timeout, value: nil, operation: operation)
         }
     }
 
@@ -112,9 +94,9 @@ extension HopStore {
         try validate(step, as: "step name")
         let operation = "unhop \(step) of \(flow) for \(subject)"
         if let output { try JSONText.validate(output, as: "step output", path: path) }
-        return try await transaction(operation) { [self] in
-            guard let run = try unfinishedRunLocked(flow: flow, subject: subject, operation: operation) else {
-                throw noUnfinishedRun(flow: flow, subject: subject, operation: operation)
+        return try await transaction(operation) { tx in
+            guard let run = try tx.unfinishedRun(flow: flow, subject: subject, operation: operation) else {
+                throw tx.noUnfinishedRun(flow: flow, subject: subject, operation: operation)
             }
             guard run.status == .parked, run.currentStep == step, let token = run.currentToken else {
                 let now: String
@@ -123,18 +105,18 @@ extension HopStore {
                 case (_, let inFlight?): now = "its step '\(inFlight)' is executing in the daemon and unhops itself"
                 case (_, nil): now = "it has no step in flight"
                 }
-                throw refuse(
+                throw tx.refuse(
                     .refused, operation, "run \(run.id) is not parked on '\(step)': \(now); nothing was changed",
                     hint: "Check `hopctl status --flow \(flow) --subject \(subject)`")
             }
             if run.wakeOn == .sessionStored {
-                throw refuse(
+                throw tx.refuse(
                     .refused, operation,
                     "step '\(step)' of run \(run.id) finishes when a session is stored, not by hand; nothing was changed",
                     hint: "Log the user in: `hopctl session login USER --subject \(subject)`")
             }
-            let event = try endStepLocked(run, token: token, kind: .unhop, value: output, operation: operation)
-            return (try requireRun(run.id, operation: operation), event)
+            let event = try tx.endStep(run, token: token, kind: .unhop, value: output, operation: operation)
+            return (try tx.requireRun(run.id, operation: operation), event)
         }
     }
 
@@ -146,9 +128,9 @@ extension HopStore {
         try validate(name, as: "decision name")
         try JSONText.validate(value, as: "decision value", path: path)
         let operation = "record decision \(name) of run \(runID)"
-        return try await transaction(operation) { [self] in
-            _ = try requireRunning(runID, owner: owner, operation: operation)
-            return try append(runID: runID, .decision, step: name, value: value, operation: operation)
+        return try await transaction(operation) { tx in
+            _ = try tx.requireRunning(runID, owner: owner, operation: operation)
+            return try tx.append(runID: runID, .decision, step: name, value: value, operation: operation)
         }
     }
 
@@ -159,9 +141,9 @@ extension HopStore {
     ) async throws -> HistoryEntry {
         try validate(name, as: "timer name")
         let operation = "record timer \(name) of run \(runID)"
-        return try await transaction(operation) { [self] in
-            _ = try requireRunning(runID, owner: owner, operation: operation)
-            return try append(
+        return try await transaction(operation) { tx in
+            _ = try tx.requireRunning(runID, owner: owner, operation: operation)
+            return try tx.append(
                 runID: runID, .timer, step: name, value: "\(Clock.milliseconds(deadline))", operation: operation)
         }
     }
@@ -171,12 +153,12 @@ extension HopStore {
     package func markUsed(runID: Int64, feature: String, owner: String? = nil) async throws -> HistoryEntry {
         try validate(feature, as: "feature name")
         let operation = "mark \(feature) used by run \(runID)"
-        return try await transaction(operation) { [self] in
-            let run = try requireRunning(runID, owner: owner, operation: operation)
-            try connection.run(
+        return try await transaction(operation) { tx in
+            let run = try tx.requireRunning(runID, owner: owner, operation: operation)
+            try tx.run(
                 "INSERT INTO first_use (subject, feature, used_at) VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",
                 [.text(run.subject), .text(feature), .integer(Clock.nowMilliseconds())], operation: operation)
-            return try append(runID: runID, .effect, step: markUsedEffectName(feature), operation: operation)
+            return try tx.append(runID: runID, .effect, step: markUsedEffectName(feature), operation: operation)
         }
     }
 
@@ -188,12 +170,32 @@ extension HopStore {
         runID: Int64, step: String?, message: String, final: Bool, owner: String? = nil
     ) async throws -> HistoryEntry {
         let operation = "record error of run \(runID)"
-        return try await transaction(operation) { [self] in
-            _ = try requireUnfinished(runID, owner: owner, operation: operation)
-            let event = try append(
+        return try await transaction(operation) { tx in
+            _ = try tx.requireUnfinished(runID, owner: owner, operation: operation)
+            let event = try tx.append(
                 runID: runID, final ? .fail : .error, step: step, value: message, operation: operation)
-            if final { try setStatus(runID, .failed, operation: operation) }
+            if final { try tx.setStatus(runID, .failed, operation: operation) }
             return event
+        }
+    }
+}
+
+extension WriteTransaction {
+    /// A step that parks until a stored change, whose change has already happened when it parks,
+    /// ends at once in the same transaction, as the change would have ended it: a login step
+    /// entered after the session was stored (a login that raced the hop) is unhopped, a step that
+    /// lasts while a session is stored is re-routed when none is. Otherwise it would wait for a
+    /// change that already came.
+    fileprivate func endIfAlreadyWoken(runID: Int64, wakeOn: WakeCondition, operation: String) throws {
+        let subject = try requireRun(runID, operation: operation).subject
+        let stored = try HopStore.session(subject: subject, on: connection, operation: operation)
+        switch (wakeOn, stored) {
+        case (.sessionStored, let stored?):
+            try unhopLoginSteps(subject: subject, userID: stored.userID, operation: operation)
+        case (.sessionRemoved, nil):
+            try rerouteSessionSteps(subject: subject, reason: "session-removed", operation: operation)
+        default:
+            break
         }
     }
 }

@@ -12,11 +12,11 @@ extension HopStore {
         try validate(subject, as: "subject")
         try validate(version, as: "flow version")
         let operation = "start run of \(flow) for \(subject)"
-        return try await transaction(operation) { [self] in
-            if let existing = try unfinishedRunLocked(flow: flow, subject: subject, operation: operation) {
+        return try await transaction(operation) { tx in
+            if let existing = try tx.unfinishedRun(flow: flow, subject: subject, operation: operation) {
                 return (existing, false)
             }
-            return (try insertRunLocked(flow: flow, subject: subject, version: version, operation: operation), true)
+            return (try tx.insertRun(flow: flow, subject: subject, version: version, operation: operation), true)
         }
     }
 
@@ -27,13 +27,13 @@ extension HopStore {
         try validate(flow, as: "flow name")
         try validate(subject, as: "subject")
         let operation = "cancel \(flow) for \(subject)"
-        return try await transaction(operation) { [self] in
-            guard let run = try unfinishedRunLocked(flow: flow, subject: subject, operation: operation) else {
-                throw noUnfinishedRun(flow: flow, subject: subject, operation: operation)
+        return try await transaction(operation) { tx in
+            guard let run = try tx.unfinishedRun(flow: flow, subject: subject, operation: operation) else {
+                throw tx.noUnfinishedRun(flow: flow, subject: subject, operation: operation)
             }
-            try append(runID: run.id, .cancel, step: run.currentStep, value: reason, operation: operation)
-            try setStatus(run.id, .cancelled, operation: operation)
-            return try requireRun(run.id, operation: operation)
+            try tx.append(runID: run.id, .cancel, step: run.currentStep, value: reason, operation: operation)
+            try tx.setStatus(run.id, .cancelled, operation: operation)
+            return try tx.requireRun(run.id, operation: operation)
         }
     }
 
@@ -45,22 +45,22 @@ extension HopStore {
         try validate(flow, as: "flow name")
         try validate(subject, as: "subject")
         let operation = "restart \(flow) for \(subject)"
-        return try await transaction(operation) { [self] in
+        return try await transaction(operation) { tx in
             guard
-                let latest = try connection.queryOne(
+                let latest = try tx.queryOne(
                     "SELECT \(RunRecord.columns) FROM runs WHERE flow = ?1 AND subject = ?2 ORDER BY id DESC LIMIT 1",
                     [.text(flow), .text(subject)], operation: operation, RunRecord.init(row:))
             else {
-                throw refuse(
+                throw tx.refuse(
                     .notFound, operation, "there is no run of flow '\(flow)' for subject '\(subject)'",
                     hint: "Check the names with `hopctl status`")
             }
             if latest.status.isUnfinished {
-                try append(
+                try tx.append(
                     runID: latest.id, .restart, step: latest.currentStep, value: "restarted", operation: operation)
-                try setStatus(latest.id, .cancelled, operation: operation)
+                try tx.setStatus(latest.id, .cancelled, operation: operation)
             }
-            return try insertRunLocked(flow: flow, subject: subject, version: latest.flowVersion, operation: operation)
+            return try tx.insertRun(flow: flow, subject: subject, version: latest.flowVersion, operation: operation)
         }
     }
 
@@ -68,10 +68,10 @@ extension HopStore {
     @discardableResult
     package func completeRun(runID: Int64, owner: String? = nil) async throws -> HistoryEntry {
         let operation = "complete run \(runID)"
-        return try await transaction(operation) { [self] in
-            _ = try requireRunning(runID, owner: owner, operation: operation)
-            let event = try append(runID: runID, .complete, operation: operation)
-            try setStatus(runID, .completed, operation: operation)
+        return try await transaction(operation) { tx in
+            _ = try tx.requireRunning(runID, owner: owner, operation: operation)
+            let event = try tx.append(runID: runID, .complete, operation: operation)
+            try tx.setStatus(runID, .completed, operation: operation)
             return event
         }
     }
@@ -82,10 +82,10 @@ extension HopStore {
         runID: Int64, step: String?, message: String, owner: String? = nil
     ) async throws -> HistoryEntry {
         let operation = "mark run \(runID) diverged"
-        return try await transaction(operation) { [self] in
-            _ = try requireUnfinished(runID, owner: owner, operation: operation)
-            let event = try append(runID: runID, .diverge, step: step, value: message, operation: operation)
-            try setStatus(runID, .diverged, operation: operation)
+        return try await transaction(operation) { tx in
+            _ = try tx.requireUnfinished(runID, owner: owner, operation: operation)
+            let event = try tx.append(runID: runID, .diverge, step: step, value: message, operation: operation)
+            try tx.setStatus(runID, .diverged, operation: operation)
             return event
         }
     }

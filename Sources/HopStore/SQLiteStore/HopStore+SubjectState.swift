@@ -26,8 +26,8 @@ extension HopStore {
     public func markUsed(subject: String, feature: String) async throws {
         try validate(subject, as: "subject")
         try validate(feature, as: "feature name")
-        try await transaction("mark \(feature) used") { [self] in
-            try connection.run(
+        try await transaction("mark \(feature) used") { tx in
+            try tx.run(
                 "INSERT INTO first_use (subject, feature, used_at) VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",
                 [.text(subject), .text(feature), .integer(Clock.nowMilliseconds())], operation: "mark \(feature) used")
         }
@@ -38,10 +38,10 @@ extension HopStore {
     public func resetFirstUse(subject: String, features: [String]) async throws -> Int {
         try validate(subject, as: "subject")
         for feature in features { try validate(feature, as: "feature name") }
-        return try await transaction("reset first use") { [self] in
+        return try await transaction("reset first use") { tx in
             var count = 0
             for feature in features {
-                count += try connection.run(
+                count += try tx.run(
                     "DELETE FROM first_use WHERE subject = ?1 AND feature = ?2", [.text(subject), .text(feature)],
                     operation: "reset first use of \(feature)")
             }
@@ -53,8 +53,8 @@ extension HopStore {
     @discardableResult
     public func resetAllFirstUse(subject: String) async throws -> Int {
         try validate(subject, as: "subject")
-        return try await transaction("reset first use") { [self] in
-            try connection.run(
+        return try await transaction("reset first use") { tx in
+            try tx.run(
                 "DELETE FROM first_use WHERE subject = ?1", [.text(subject)], operation: "reset first use")
         }
     }
@@ -82,8 +82,8 @@ extension HopStore {
                 hint: "Give an expiry in the future, or none")
         }
         let operation = "store session of \(subject)"
-        return try await transaction(operation) { [self] in
-            try connection.run(
+        return try await transaction(operation) { tx in
+            try tx.run(
                 """
                 INSERT INTO sessions (subject, user_id, token, created_at, expires_at) VALUES (?1, ?2, ?3, ?4, ?5)
                 ON CONFLICT (subject) DO UPDATE SET user_id = ?2, token = ?3, created_at = ?4, expires_at = ?5
@@ -93,27 +93,24 @@ extension HopStore {
                     .optional(expiresAt.map(Clock.milliseconds)),
                 ],
                 operation: operation)
-            return try unhopLoginStepsLocked(subject: subject, userID: userID, operation: operation)
+            return try tx.unhopLoginSteps(subject: subject, userID: userID, operation: operation)
         }
-    }
-
-    /// Unhops the parked steps of `subject` that wait for a session (``WakeCondition/sessionStored``),
-    /// with the output `{"userID": …}`; returns their runs' ids.
-    @discardableResult
-    func unhopLoginStepsLocked(subject: String, userID: String, operation: String) throws -> [Int64] {
-        try endParkedStepsLocked(
-            subject: subject, wakeOn: .sessionStored, kind: .unhop, value: ["userID": userID], operation: operation)
     }
 
     /// The stored session of `subject`; an expired session reads as none.
     public func session(subject: String) throws -> StoredSession? {
         try validate(subject, as: "subject")
-        return try connection.queryOne(
+        return try Self.session(subject: subject, on: connection, operation: "read session of \(subject)")
+    }
+
+    /// The stored, unexpired session of `subject`, read on `connection` (in a transaction or not).
+    static func session(subject: String, on connection: Connection, operation: String) throws -> StoredSession? {
+        try connection.queryOne(
             """
             SELECT user_id, token, created_at, expires_at FROM sessions
             WHERE subject = ?1 AND (expires_at IS NULL OR expires_at > ?2)
             """,
-            [.text(subject), .integer(Clock.nowMilliseconds())], operation: "read session of \(subject)"
+            [.text(subject), .integer(Clock.nowMilliseconds())], operation: operation
         ) {
             StoredSession(
                 subject: subject, userID: $0.text(0), token: $0.text(1), createdAt: Clock.date($0.int64(2)),
@@ -130,11 +127,11 @@ extension HopStore {
     public func deleteSession(subject: String) async throws -> (removed: Bool, rerouted: [Int64]) {
         try validate(subject, as: "subject")
         let operation = "delete session of \(subject)"
-        return try await transaction(operation) { [self] in
+        return try await transaction(operation) { tx in
             let removed =
-                try connection.run("DELETE FROM sessions WHERE subject = ?1", [.text(subject)], operation: operation)
+                try tx.run("DELETE FROM sessions WHERE subject = ?1", [.text(subject)], operation: operation)
                 > 0
-            let rerouted = try rerouteSessionStepsLocked(
+            let rerouted = try tx.rerouteSessionSteps(
                 subject: subject, reason: "session-removed", operation: operation)
             return (removed, rerouted)
         }
@@ -152,38 +149,15 @@ extension HopStore {
         guard try !connection.query(query, [.integer(due)], operation: "read expired sessions", { $0.text(0) }).isEmpty
         else { return [] }
         let operation = "expire sessions"
-        return try await transaction(operation) { [self] in
+        return try await transaction(operation) { tx in
             var rerouted: [Int64] = []
-            for subject in try connection.query(query, [.integer(due)], operation: operation, { $0.text(0) }) {
-                try connection.run("DELETE FROM sessions WHERE subject = ?1", [.text(subject)], operation: operation)
-                rerouted += try rerouteSessionStepsLocked(
+            for subject in try tx.query(query, [.integer(due)], operation: operation, { $0.text(0) }) {
+                try tx.run("DELETE FROM sessions WHERE subject = ?1", [.text(subject)], operation: operation)
+                rerouted += try tx.rerouteSessionSteps(
                     subject: subject, reason: "session-expired", operation: operation)
             }
             return rerouted
         }
-    }
-
-    /// Ends with a re-route the parked steps of `subject` that last only while a session is stored.
-    @discardableResult
-    func rerouteSessionStepsLocked(subject: String, reason: String, operation: String) throws -> [Int64] {
-        try endParkedStepsLocked(
-            subject: subject, wakeOn: .sessionRemoved, kind: .reroute, value: ["reason": reason], operation: operation)
-    }
-
-    /// Ends the parked steps of `subject` that `wakeOn` ends, with a `kind` entry holding `value`
-    /// as JSON; returns their runs' ids.
-    private func endParkedStepsLocked(
-        subject: String, wakeOn: WakeCondition, kind: HistoryKind, value: [String: String], operation: String
-    ) throws -> [Int64] {
-        let waiting = try connection.query(
-            "SELECT \(RunRecord.columns) FROM runs WHERE subject = ?1 AND status = \(RunStatus.parked.sql) AND wake_on = ?2",
-            [.text(subject), .text(wakeOn.rawValue)], operation: operation, RunRecord.init(row:))
-        let json = String(decoding: try JSONEncoder().encode(value), as: UTF8.self)
-        for run in waiting {
-            guard let token = run.currentToken else { continue }
-            try endStepLocked(run, token: token, kind: kind, value: json, operation: operation)
-        }
-        return waiting.map(\.id)
     }
 
     // MARK: Facts
@@ -192,8 +166,8 @@ extension HopStore {
     public func setFact(subject: String, key: String, value: String) async throws {
         try validate(subject, as: "subject")
         try validate(key, as: "fact key")
-        try await transaction("set fact \(key)") { [self] in
-            try connection.run(
+        try await transaction("set fact \(key)") { tx in
+            try tx.run(
                 """
                 INSERT INTO facts (subject, key, value, updated_at) VALUES (?1, ?2, ?3, ?4)
                 ON CONFLICT (subject, key) DO UPDATE SET value = ?3, updated_at = ?4
@@ -227,10 +201,43 @@ extension HopStore {
     public func removeFact(subject: String, key: String) async throws -> Bool {
         try validate(subject, as: "subject")
         try validate(key, as: "fact key")
-        return try await transaction("remove fact \(key)") { [self] in
-            try connection.run(
+        return try await transaction("remove fact \(key)") { tx in
+            try tx.run(
                 "DELETE FROM facts WHERE subject = ?1 AND key = ?2", [.text(subject), .text(key)],
                 operation: "remove fact \(key)") > 0
         }
+    }
+}
+
+extension WriteTransaction {
+    /// Unhops the parked steps of `subject` that wait for a session (``WakeCondition/sessionStored``),
+    /// with the output `{"userID": …}`; returns their runs' ids.
+    @discardableResult
+    func unhopLoginSteps(subject: String, userID: String, operation: String) throws -> [Int64] {
+        try endParkedSteps(
+            subject: subject, wakeOn: .sessionStored, kind: .unhop, value: ["userID": userID], operation: operation)
+    }
+
+    /// Ends with a re-route the parked steps of `subject` that last only while a session is stored.
+    @discardableResult
+    func rerouteSessionSteps(subject: String, reason: String, operation: String) throws -> [Int64] {
+        try endParkedSteps(
+            subject: subject, wakeOn: .sessionRemoved, kind: .reroute, value: ["reason": reason], operation: operation)
+    }
+
+    /// Ends the parked steps of `subject` that `wakeOn` ends, with a `kind` entry holding `value`
+    /// as JSON; returns their runs' ids.
+    fileprivate func endParkedSteps(
+        subject: String, wakeOn: WakeCondition, kind: HistoryKind, value: [String: String], operation: String
+    ) throws -> [Int64] {
+        let waiting = try connection.query(
+            "SELECT \(RunRecord.columns) FROM runs WHERE subject = ?1 AND status = \(RunStatus.parked.sql) AND wake_on = ?2",
+            [.text(subject), .text(wakeOn.rawValue)], operation: operation, RunRecord.init(row:))
+        let json = String(decoding: try JSONEncoder().encode(value), as: UTF8.self)
+        for run in waiting {
+            guard let token = run.currentToken else { continue }
+            try endStep(run, token: token, kind: kind, value: json, operation: operation)
+        }
+        return waiting.map(\.id)
     }
 }

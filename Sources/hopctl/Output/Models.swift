@@ -8,11 +8,11 @@ struct RunJSON: Encodable {
     var flow: String
     var subject: String
     var status: String
-    var currentStep: String?
+    @ExplicitNull var currentStep: String?
     var flowVersion: String
     var createdAt: Date
     var updatedAt: Date
-    var owner: String?
+    @ExplicitNull var owner: String?
     var leaseLive: Bool
 
     init(_ run: RunRecord) {
@@ -37,20 +37,6 @@ struct RunJSON: Encodable {
         case owner
         case leaseLive = "lease_live"
     }
-
-    func encode(to encoder: Encoder) throws {
-        var container = encoder.container(keyedBy: CodingKeys.self)
-        try container.encode(run, forKey: .run)
-        try container.encode(flow, forKey: .flow)
-        try container.encode(subject, forKey: .subject)
-        try container.encode(status, forKey: .status)
-        try container.encode(currentStep, forKey: .currentStep)
-        try container.encode(flowVersion, forKey: .flowVersion)
-        try container.encode(createdAt, forKey: .createdAt)
-        try container.encode(updatedAt, forKey: .updatedAt)
-        try container.encode(owner, forKey: .owner)
-        try container.encode(leaseLive, forKey: .leaseLive)
-    }
 }
 
 struct HistoryJSON: Encodable {
@@ -62,8 +48,8 @@ struct HistoryJSON: Encodable {
     struct Entry: Encodable {
         var seq: Int64
         var kind: String
-        var step: String?
-        var value: JSONValue?
+        @ExplicitNull var step: String?
+        @ExplicitNull var value: JSONValue?
         var at: Date
 
         init(_ event: HistoryEntry) {
@@ -72,15 +58,6 @@ struct HistoryJSON: Encodable {
             step = event.step
             value = event.value.map(JSONValue.init(stored:))
             at = event.at
-        }
-
-        func encode(to encoder: Encoder) throws {
-            var container = encoder.container(keyedBy: CodingKeys.self)
-            try container.encode(seq, forKey: .seq)
-            try container.encode(kind, forKey: .kind)
-            try container.encode(step, forKey: .step)
-            try container.encode(value, forKey: .value)
-            try container.encode(at, forKey: .at)
         }
 
         enum CodingKeys: String, CodingKey { case seq, kind, step, value, at }
@@ -93,7 +70,7 @@ struct SessionJSON: Encodable {
     var token: String
     var tokenRedacted: Bool
     var createdAt: Date
-    var expiresAt: Date?
+    @ExplicitNull var expiresAt: Date?
 
     enum CodingKeys: String, CodingKey {
         case subject
@@ -102,16 +79,6 @@ struct SessionJSON: Encodable {
         case tokenRedacted = "token_redacted"
         case createdAt = "created_at"
         case expiresAt = "expires_at"
-    }
-
-    func encode(to encoder: Encoder) throws {
-        var container = encoder.container(keyedBy: CodingKeys.self)
-        try container.encode(subject, forKey: .subject)
-        try container.encode(userID, forKey: .userID)
-        try container.encode(token, forKey: .token)
-        try container.encode(tokenRedacted, forKey: .tokenRedacted)
-        try container.encode(createdAt, forKey: .createdAt)
-        try container.encode(expiresAt, forKey: .expiresAt)
     }
 }
 
@@ -127,18 +94,25 @@ struct FirstUseJSON: Encodable {
 }
 
 struct EdgeJSON: Encodable {
-    var from: String?
+    @ExplicitNull var from: String?
     var to: String
     var count: Int
 
-    func encode(to encoder: Encoder) throws {
-        var container = encoder.container(keyedBy: CodingKeys.self)
-        try container.encode(from, forKey: .from)
-        try container.encode(to, forKey: .to)
-        try container.encode(count, forKey: .count)
-    }
-
     enum CodingKeys: String, CodingKey { case from, to, count }
+}
+
+/// An optional field written as `null` when it has no value: the fields of hopctl's JSON are the
+/// same in every object (a synthesized `Encodable` would leave a `nil` field out).
+@propertyWrapper
+struct ExplicitNull<Value: Encodable>: Encodable {
+    var wrappedValue: Value?
+
+    init(wrappedValue: Value?) { self.wrappedValue = wrappedValue }
+
+    func encode(to encoder: Encoder) throws {
+        var container = encoder.singleValueContainer()
+        if let wrappedValue { try container.encode(wrappedValue) } else { try container.encodeNil() }
+    }
 }
 
 /// A stored value as JSON: the JSON it holds, or the text itself as a JSON string.

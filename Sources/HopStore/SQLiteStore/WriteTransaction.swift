@@ -1,13 +1,37 @@
 import Foundation
 
-/// The helpers that run inside a write transaction (their names end in `Locked`): reading and
-/// changing a run's row and appending to its history, in the caller's transaction.
-extension HopStore {
-    // MARK: Inside a transaction
+/// One write transaction of the store, handed to the code that must run inside one (as GRDB
+/// hands its `Database` to a write block): the helpers that read and change runs within the
+/// caller's transaction are its methods, so none of them can run outside a transaction.
+struct WriteTransaction {
+    let connection: Connection
+    /// What the transaction does, for error messages.
+    let operation: String
 
+    var path: String { connection.path }
+
+    @discardableResult
+    func run(_ sql: String, _ arguments: [SQLValue], operation: String) throws -> Int {
+        try connection.run(sql, arguments, operation: operation)
+    }
+
+    func query<T>(_ sql: String, _ arguments: [SQLValue], operation: String, _ map: (Row) throws -> T) throws -> [T] {
+        try connection.query(sql, arguments, operation: operation, map)
+    }
+
+    func queryOne<T>(_ sql: String, _ arguments: [SQLValue], operation: String, _ map: (Row) throws -> T) throws -> T? {
+        try connection.queryOne(sql, arguments, operation: operation, map)
+    }
+
+    func refuse(_ code: HopError.Code, _ operation: String, _ reason: String, hint: String? = nil) -> HopError {
+        HopError(code, operation: operation, path: path, reason: reason, hint: hint)
+    }
+}
+
+extension WriteTransaction {
     /// Ends the step in flight of `run` with an unhop, a timeout or a re-route, if `token` is its token.
     @discardableResult
-    func endStepLocked(
+    func endStep(
         _ run: RunRecord, token: String, kind: HistoryKind, value: String?, operation: String
     ) throws -> HistoryEntry {
         guard let step = run.currentStep, let current = run.currentToken, current == token else {
@@ -77,13 +101,13 @@ extension HopStore {
             [.integer(runID), .text(status.rawValue), .integer(Clock.nowMilliseconds())], operation: operation)
     }
 
-    func unfinishedRunLocked(flow: String, subject: String, operation: String) throws -> RunRecord? {
+    func unfinishedRun(flow: String, subject: String, operation: String) throws -> RunRecord? {
         try connection.queryOne(
             "SELECT \(RunRecord.columns) FROM runs WHERE flow = ?1 AND subject = ?2 AND status IN \(RunStatus.unfinishedSQL)",
             [.text(flow), .text(subject)], operation: operation, RunRecord.init(row:))
     }
 
-    func insertRunLocked(flow: String, subject: String, version: String, operation: String) throws -> RunRecord {
+    func insertRun(flow: String, subject: String, version: String, operation: String) throws -> RunRecord {
         let now = Clock.nowMilliseconds()
         try connection.run(
             """
