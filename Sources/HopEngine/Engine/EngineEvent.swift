@@ -17,13 +17,3 @@ public enum EngineEvent: Sendable {
     /// (the moment a daemon reports itself ready, e.g. systemd's `READY=1`).
     case ready
 }
-
-/// Which run an event is about.
-public struct RunRef: Sendable, Equatable {
-    /// The run id.
-    public let id: Int64
-    /// The flow name.
-    public let flow: String
-    /// Whom the run is for.
-    public let subject: String
-}

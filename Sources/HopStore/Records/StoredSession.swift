@@ -1,13 +1,5 @@
 import Foundation
 
-/// A feature a subject has used; a feature without a flag is on its first use.
-public struct FirstUseFlag: Sendable, Equatable, Codable {
-    /// The feature's name, e.g. "onboarding".
-    public var feature: String
-    /// When it was first used (since its last reset).
-    public var usedAt: Date
-}
-
 /// A stored user session. Its `description` never shows the token.
 public struct StoredSession: Sendable, Equatable, Codable, CustomStringConvertible, CustomDebugStringConvertible {
     /// Whom the session is for.
@@ -36,24 +28,4 @@ public struct StoredSession: Sendable, Equatable, Codable, CustomStringConvertib
     public static func redact(_ token: String) -> String {
         token.count <= 8 ? "********" : String(token.prefix(4)) + "…" + "********"
     }
-}
-
-/// One of the daemon's own key/value facts about a subject.
-public struct Fact: Sendable, Equatable, Codable {
-    /// The fact's name, e.g. "terms-version".
-    public var key: String
-    /// The fact's value.
-    public var value: String
-    /// When it was last set.
-    public var updatedAt: Date
-}
-
-/// An edge of the hop graph of a flow: how many times runs went from one step to the next.
-public struct HopEdge: Sendable, Equatable, Codable {
-    /// `nil` for the start of a run.
-    public var from: String?
-    /// The step entered.
-    public var to: String
-    /// How many times runs took this edge.
-    public var count: Int
 }

@@ -1,24 +1,5 @@
 import Foundation
 
-/// Where a run stands.
-public enum RunStatus: String, Sendable, Codable, CaseIterable {
-    /// Being executed, or ready to be: an engine will (re)enter it.
-    case running
-    /// Waiting on an external step's unhop; no engine holds it in memory.
-    case parked
-    /// The flow body returned.
-    case completed
-    /// A step failed after its retries.
-    case failed
-    /// Cancelled by an operator or the API; never advances again.
-    case cancelled
-    /// The flow code asked for a different path than the history recorded.
-    case diverged
-
-    /// Whether the run can still advance.
-    public var isUnfinished: Bool { self == .running || self == .parked }
-}
-
 /// One run of a flow for a subject.
 public struct RunRecord: Sendable, Equatable, Codable {
     /// The run id, unique in the database.
@@ -48,15 +29,6 @@ public struct RunRecord: Sendable, Equatable, Codable {
     public var createdAt: Date
     /// When the run last changed.
     public var updatedAt: Date
-}
-
-/// A stored change that finishes a parked step without an explicit unhop.
-public enum WakeCondition: String, Sendable, Codable {
-    /// Storing a session for the run's subject unhops the step (a login step).
-    case sessionStored = "session-stored"
-    /// Removing the session of the run's subject (a logout) ends the step with a re-route
-    /// (e.g. a main step, so that the flow goes back through login).
-    case sessionRemoved = "session-removed"
 }
 
 extension RunRecord {

@@ -1,0 +1,11 @@
+import Foundation
+
+/// One of the daemon's own key/value facts about a subject.
+public struct Fact: Sendable, Equatable, Codable {
+    /// The fact's name, e.g. "terms-version".
+    public var key: String
+    /// The fact's value.
+    public var value: String
+    /// When it was last set.
+    public var updatedAt: Date
+}

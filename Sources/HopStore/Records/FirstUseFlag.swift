@@ -1,0 +1,9 @@
+import Foundation
+
+/// A feature a subject has used; a feature without a flag is on its first use.
+public struct FirstUseFlag: Sendable, Equatable, Codable {
+    /// The feature's name, e.g. "onboarding".
+    public var feature: String
+    /// When it was first used (since its last reset).
+    public var usedAt: Date
+}

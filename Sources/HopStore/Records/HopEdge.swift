@@ -1,0 +1,11 @@
+import Foundation
+
+/// An edge of the hop graph of a flow: how many times runs went from one step to the next.
+public struct HopEdge: Sendable, Equatable, Codable {
+    /// `nil` for the start of a run.
+    public var from: String?
+    /// The step entered.
+    public var to: String
+    /// How many times runs took this edge.
+    public var count: Int
+}
