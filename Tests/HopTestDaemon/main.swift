@@ -11,6 +11,9 @@ import Logging
 //                and the engine runs as a service until the run completes;
 //                otherwise every step runs in process and the daemon exits once the run settles.
 //   --version 2  the flow code of a later release: main follows splash directly.
+//   --versions 1,2  registers these versions of the flow side by side (the last is the newest, on
+//                which a new run starts); replaces --version
+//   --wait-all   (with --external) exits only once no run in the database is unfinished
 //   --engine-id  the engine's label ("hop-test-daemon" by default); ownership goes by incarnation, not by it
 //   --lease S    the lease duration in seconds (10 by default)
 //   --sleep S    the flow sleeps durably for S seconds after splash
@@ -40,6 +43,8 @@ struct Options {
     var reroute = false
     var subjects = 0
     var mixed = 0
+    var versions: [String] = []
+    var waitAll = false
 
     static func parse() -> Options {
         var options = Options()
@@ -56,12 +61,37 @@ struct Options {
             case "--reroute": options.reroute = true
             case "--subjects": options.subjects = Int(arguments.popFirst() ?? "") ?? 0
             case "--mixed": options.mixed = Int(arguments.popFirst() ?? "") ?? 0
+            case "--versions": options.versions = (arguments.popFirst() ?? "").split(separator: ",").map(String.init)
+            case "--wait-all": options.waitAll = true
             default:
                 FileHandle.standardError.write(Data("unknown argument \(argument)\n".utf8))
                 exit(64)
             }
         }
         return options
+    }
+}
+
+/// The start-up flow of `version`: version 1 is the product's; any other is a later release's, in
+/// which main follows splash directly.
+func startupFlow(version: String) -> Flow {
+    Flow("startup", version: version) { flow in
+        try await flow.hop(to: "splash")
+        if options.sleep > 0 { try await flow.sleep(for: .milliseconds(Int64(options.sleep * 1000))) }
+        guard version == "1" else {
+            try await flow.hop(to: "main")
+            return
+        }
+        if try await flow.isFirstUse("onboarding") {
+            try await flow.hop(to: "onboarding")
+            try await flow.markUsed("onboarding")
+        }
+        while true {
+            if try await flow.session() == nil {
+                try await flow.hop(to: "login")
+            }
+            if try await !flow.hop(to: "main").rerouted { break }
+        }
     }
 }
 
@@ -115,25 +145,9 @@ do {
             pollInterval: .milliseconds(20), leaseDuration: .milliseconds(Int64(options.lease * 1000)),
             observer: observer,
             engineID: options.engineID))
-    engine.register(
-        Flow("startup", version: version) { flow in
-            try await flow.hop(to: "splash")
-            if options.sleep > 0 { try await flow.sleep(for: .milliseconds(Int64(options.sleep * 1000))) }
-            guard version == "1" else {
-                try await flow.hop(to: "main")
-                return
-            }
-            if try await flow.isFirstUse("onboarding") {
-                try await flow.hop(to: "onboarding")
-                try await flow.markUsed("onboarding")
-            }
-            while true {
-                if try await flow.session() == nil {
-                    try await flow.hop(to: "login")
-                }
-                if try await !flow.hop(to: "main").rerouted { break }
-            }
-        })
+    for version in options.versions.isEmpty ? [version] : options.versions {
+        engine.register(startupFlow(version: version))
+    }
     let attempts = AttemptCounter()
     engine.register(step: "splash", retry: RetryPolicy(maxAttempts: 3, initialBackoff: .milliseconds(10))) { step in
         noteBody(step)
@@ -209,9 +223,17 @@ do {
         let service = Task { try await engine.run() }
         run = try await engine.start("startup", subject: subject)
         var current = run
+        func othersUnfinished() async throws -> Bool {
+            guard options.waitAll else { return false }
+            let runs = try await store.runs()
+            return runs.contains { $0.status.isUnfinished }
+        }
         while current.status.isUnfinished {
             try await Task.sleep(for: .milliseconds(10))
             current = try await store.run(id: run.id) ?? current
+        }
+        while try await othersUnfinished() {
+            try await Task.sleep(for: .milliseconds(10))
         }
         service.cancel()
         _ = try? await service.value

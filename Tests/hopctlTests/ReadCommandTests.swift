@@ -59,6 +59,15 @@ import Testing
         #expect(try await hopctlJSON(["status", "--subject", "nobody"], in: folder) as? [Any] != nil)
     }
 
+    @Test func statusSaysWhichVersionARunNoEngineHoldsWaitsFor() async throws {
+        let folder = try TemporaryDirectory()
+        let store = try await HopStore.open(path: folder.database)
+        _ = try await store.startRun(flow: "startup", subject: "kiosk-1", version: "1")
+        let result = try await hopctl(["status"], in: folder)
+        #expect(result.status == 0, "\(result.stderr)")
+        #expect(result.stdout.contains("- (waits for an engine with version 1)"), "\(result.stdout)")
+    }
+
     @Test func historyPrintsTheRunsEntriesInOrder() async throws {
         let folder = try TemporaryDirectory()
         try await completedStartup(folder)

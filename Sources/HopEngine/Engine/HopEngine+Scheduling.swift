@@ -11,8 +11,11 @@ extension HopEngine {
             executeAgain.insert(run.id)
             return
         }
-        guard let definition = environment.flow(named: run.flow) else {
-            logger.warning("a run of an unregistered flow is not executed", metadata: environment.metadata(run))
+        guard let definition = environment.flow(named: run.flow, version: run.flowVersion) else {
+            // Left alone, not failed: an engine that has its version carries it on.
+            logger.info(
+                "run is on a flow version this engine does not have; left for an engine that has it",
+                metadata: environment.metadata(run).merging(["hop.version": "\(run.flowVersion)"]) { $1 })
             return
         }
         let executor = RunExecutor(run: run, definition: definition, environment: environment, claimed: claimed)

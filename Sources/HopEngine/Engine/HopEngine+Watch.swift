@@ -25,7 +25,8 @@ extension HopEngine: Service {
             "engine running",
             metadata: [
                 "hop.db": "\(storage.location)", "hop.engine": "\(id)",
-                "hop.flows": "\(environment.flowNames.joined(separator: ","))",
+                "hop.flows":
+                    "\(environment.flowVersions.sorted { $0.key < $1.key }.map { "\($0.key)@\($0.value.joined(separator: "+"))" }.joined(separator: ","))",
             ])
         await cancelWhenGracefulShutdown {
             await self.watch()
@@ -66,7 +67,8 @@ extension HopEngine: Service {
 
     /// Ends the parked steps whose deadline passed, exactly once each, and moves their runs on.
     private func timeOutDueSteps() async throws {
-        for run in try await storage.dueTimeouts(now: Date()) where environment.flow(named: run.flow) != nil {
+        for run in try await storage.dueTimeouts(now: Date())
+        where environment.flow(named: run.flow, version: run.flowVersion) != nil {
             guard let token = run.currentToken else { continue }
             do {
                 let entry = try await storage.recordTimeout(runID: run.id, token: token, owner: nil)

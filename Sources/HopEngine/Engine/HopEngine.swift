@@ -65,9 +65,14 @@ public actor HopEngine {
 
     // MARK: Registration
 
-    /// Registers `flow` under its name, replacing any flow registered under that name.
+    /// Registers `flow` as the newest version of its name, beside the versions registered
+    /// before it (or in place of a flow with the same name and version).
+    ///
+    /// A new run starts on the newest version, the one registered last (see
+    /// ``start(_:subject:version:)``); an unfinished run always continues on the version it
+    /// started with, and a run whose version is not registered here is left for an engine that has it.
     public nonisolated func register(_ flow: Flow) {
-        environment.registry.withLock { $0.flows[flow.name] = flow }
+        environment.registry.withLock { $0.register(flow) }
     }
 
     /// Registers an in-process step whose work is `body`.
@@ -93,9 +98,22 @@ public actor HopEngine {
 
     /// Starts a run of `flow` for `subject`, or resumes its unfinished run, and executes it
     /// in the background. Returns the run as stored.
+    ///
+    /// - Parameters:
+    ///   - flow: the registered flow's name.
+    ///   - subject: whom the run is for.
+    ///   - version: the registered version a new run starts on; the newest (registered last) by
+    ///     default. An unfinished run continues on its own version whatever is asked.
     @discardableResult
-    public func start(_ flow: String, subject: String = "default") async throws -> RunRecord {
-        guard let definition = environment.flow(named: flow) else {
+    public func start(_ flow: String, subject: String = "default", version: String? = nil) async throws -> RunRecord {
+        guard let definition = environment.flow(named: flow, version: version) else {
+            if let version, environment.flow(named: flow) != nil {
+                let registered = environment.flowVersions[flow, default: []].joined(separator: ", ")
+                throw HopError(
+                    .notRegistered,
+                    "version '\(version)' of flow '\(flow)' is not registered (registered: \(registered))",
+                    hint: "Register it with engine.register(Flow(\"\(flow)\", version: \"\(version)\") { … })")
+            }
             throw HopError(
                 .notRegistered,
                 "no flow is registered under '\(flow)': register it with engine.register(Flow(\"\(flow)\", …))")
@@ -156,12 +174,14 @@ public actor HopEngine {
         return run
     }
 
-    /// Ends the latest run of `flow` for `subject` and starts the flow over in a new run.
+    /// Ends the latest run of `flow` for `subject` and starts the flow over in a new run, on
+    /// the newest registered version (the old run's version when none is registered here).
     @discardableResult
     public func restart(flow: String, subject: String = "default") async throws -> RunRecord {
         if let old = try await storage.latestRun(flow: flow, subject: subject) { executing[old.id]?.cancel() }
-        let run = try await storage.restartRun(flow: flow, subject: subject)
-        if environment.flow(named: flow) != nil { execute(run) }
+        let run = try await storage.restartRun(
+            flow: flow, subject: subject, version: environment.flow(named: flow)?.version)
+        execute(run)
         return run
     }
 

@@ -5,7 +5,7 @@ import Foundation
 /// was. Runs of engines whose process is gone are released first, so they are claimed at once
 /// rather than when their leases expire.
 extension HopEngine {
-    /// Resumes every unfinished, unparked run of the registered flows that no other engine
+    /// Resumes every unfinished, unparked run of the registered flows and versions that no other engine
     /// holds (its lease expired, it has none, or its process is gone); returns how many.
     @discardableResult
     public func resumeAll() async throws -> Int {
@@ -17,7 +17,7 @@ extension HopEngine {
     /// engines first: the watch has just looked).
     @discardableResult
     func resumeClaimable() async throws -> Int {
-        let candidates = try await storage.claimableRuns(flows: environment.flowNames, now: Date())
+        let candidates = try await storage.claimableRuns(versions: environment.flowVersions, now: Date())
         var resumed = 0
         // In batches: one transaction claims a batch, one statement reads its histories, and
         // its runs start while the next batch is read.

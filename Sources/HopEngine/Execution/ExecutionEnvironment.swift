@@ -31,9 +31,13 @@ final class ExecutionEnvironment: Sendable {
     /// The owner value this engine writes with.
     var owner: String { incarnation.id }
 
-    func flow(named name: String) -> Flow? { registry.withLock { $0.flows[name] } }
+    /// Version `version` of flow `name` (its newest when `nil`), if registered.
+    func flow(named name: String, version: String? = nil) -> Flow? {
+        registry.withLock { $0.flow(named: name, version: version) }
+    }
+    /// The registered versions of each flow, in registration order.
+    var flowVersions: [String: [String]] { registry.withLock { $0.versions } }
     func step(named name: String) -> Registry.StepRegistration? { registry.withLock { $0.steps[name] } }
-    var flowNames: [String] { registry.withLock { Array($0.flows.keys).sorted() } }
 
     /// When this engine's lease on a run taken now ends.
     var leaseEnd: Date {

@@ -90,22 +90,23 @@ extension HopStore {
         return released
     }
 
-    /// Unfinished, unparked runs of `flows` that no engine holds (no owner, or an expired lease), oldest first.
-    package func claimableRuns(flows: [String], now: Date = Date()) throws -> [RunRecord] {
+    /// Unfinished, unparked runs of the given flows, on one of the given versions of each, that no
+    /// engine holds (no owner, or an expired lease), oldest first.
+    package func claimableRuns(versions: [String: [String]], now: Date = Date()) throws -> [RunRecord] {
         var runs: [RunRecord] = []
-        for flow in flows {
+        for (flow, flowVersions) in versions.sorted(by: { $0.key < $1.key }) {
             runs += try connection.query(
                 """
                 SELECT \(RunRecord.columns) FROM runs
                 WHERE status = \(RunStatus.running.sql) AND flow = ?1 AND (owner IS NULL OR lease_expires_at < ?2)
+                    AND flow_version IN (SELECT value FROM json_each(?3))
                 ORDER BY id
                 """,
-                [.text(flow), .integer(Clock.milliseconds(now))], operation: "list runs to resume of \(flow)",
-                RunRecord.init(row:))
+                [.text(flow), .integer(Clock.milliseconds(now)), .text(Self.jsonList(flowVersions))],
+                operation: "list runs to resume of \(flow)", RunRecord.init(row:))
         }
         return runs.sorted { $0.id < $1.id }
     }
-
     /// Parked runs whose step's deadline has passed.
     package func dueTimeouts(now: Date = Date()) throws -> [RunRecord] {
         try connection.query(
@@ -127,6 +128,11 @@ extension HopStore {
     /// `ids` as a JSON array, for `json_each(?)`: one bound parameter for any number of ids.
     static func jsonList(_ ids: [Int64]) -> String {
         "[" + ids.map(String.init).joined(separator: ",") + "]"
+    }
+
+    /// `texts` as a JSON array of strings, for `json_each(?)`.
+    static func jsonList(_ texts: [String]) -> String {
+        String(decoding: (try? JSONEncoder().encode(texts)) ?? Data("[]".utf8), as: UTF8.self)
     }
 }
 

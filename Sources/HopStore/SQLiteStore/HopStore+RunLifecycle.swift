@@ -41,9 +41,12 @@ extension HopStore {
     /// new run that starts from the beginning the next time an engine runs the flow.
     /// The old run's history is kept.
     @discardableResult
-    public func restartRun(flow: String, subject: String) async throws -> RunRecord {
+    ///
+    /// - Parameter version: the new run's flow version; the old run's when `nil`.
+    public func restartRun(flow: String, subject: String, version: String? = nil) async throws -> RunRecord {
         try validate(flow, as: "flow name")
         try validate(subject, as: "subject")
+        if let version { try validate(version, as: "flow version") }
         let operation = "restart \(flow) for \(subject)"
         return try await transaction(operation) { tx in
             guard
@@ -60,7 +63,8 @@ extension HopStore {
                     runID: latest.id, .restart, step: latest.currentStep, value: "restarted", operation: operation)
                 try tx.setStatus(latest.id, .cancelled, operation: operation)
             }
-            return try tx.insertRun(flow: flow, subject: subject, version: latest.flowVersion, operation: operation)
+            return try tx.insertRun(
+                flow: flow, subject: subject, version: version ?? latest.flowVersion, operation: operation)
         }
     }
 

@@ -35,9 +35,10 @@ package protocol HopStorage: Sendable {
     /// Cancels the unfinished run of `flow` for `subject`; `.notFound` without one.
     @discardableResult
     func cancelRun(flow: String, subject: String, reason: String) async throws -> RunRecord
-    /// Ends the latest run of `flow` for `subject` and creates a new one that starts over.
+    /// Ends the latest run of `flow` for `subject` and creates a new one that starts over, on
+    /// `version` (the old run's when `nil`).
     @discardableResult
-    func restartRun(flow: String, subject: String) async throws -> RunRecord
+    func restartRun(flow: String, subject: String, version: String?) async throws -> RunRecord
     /// Records that the flow body returned: the run is completed.
     @discardableResult
     func completeRun(runID: Int64, owner: String?) async throws -> HistoryEntry
@@ -104,8 +105,9 @@ package protocol HopStorage: Sendable {
     /// Releases the runs of incarnations proven dead, and forgets them; returns them with their run counts.
     @discardableResult
     func releaseRunsOfDeadIncarnations(except own: Incarnation) async throws -> [(owner: String, runs: Int)]
-    /// Unfinished, unparked runs of `flows` that no engine holds, oldest first.
-    func claimableRuns(flows: [String], now: Date) async throws -> [RunRecord]
+    /// Unfinished, unparked runs that no engine holds, of the given flows and, of each, of the
+    /// given versions only (a run of another version is left for an engine that has it), oldest first.
+    func claimableRuns(versions: [String: [String]], now: Date) async throws -> [RunRecord]
     /// Parked runs whose step's deadline has passed.
     func dueTimeouts(now: Date) async throws -> [RunRecord]
 

@@ -8,7 +8,9 @@ struct Status: AsyncParsableCommand {
             "One line per run: flow, subject, status, current step, owner, last change (latest run of each flow and subject).",
         discussion: """
             OWNER is the label of the engine executing the run and whether its lease is live; \
-            "-" when no engine holds the run (it is parked, finished, or waits for an engine).
+            "-" when no engine holds the run (it is parked or finished), and "- (waits for an engine \
+            with version V)" for a running run that no engine holds: one registered for the run's flow \
+            and version V takes it over (a run continues on the flow version it started with).
             """)
 
     @OptionGroup var global: ReadOptions
@@ -41,9 +43,12 @@ struct Status: AsyncParsableCommand {
             })
     }
 
-    /// The owner's label and whether its lease is live, or "-".
+    /// The owner's label and whether its lease is live; "-" when none holds the run, with the
+    /// version an engine needs to take a running run over.
     static func owner(_ run: RunRecord, now: Date = Date()) -> String {
-        guard let label = run.ownerLabel else { return "-" }
+        guard let label = run.ownerLabel else {
+            return run.status == .running ? "- (waits for an engine with version \(run.flowVersion))" : "-"
+        }
         return "\(label) (lease \(run.leaseIsLive(at: now) ? "live" : "expired"))"
     }
 }
