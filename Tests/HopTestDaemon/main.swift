@@ -14,6 +14,8 @@ import Logging
 //   --versions 1,2  registers these versions of the flow side by side (the last is the newest, on
 //                which a new run starts); replaces --version
 //   --wait-all   (with --external) exits only once no run in the database is unfinished
+//   --code 2     registers version 2's code under the version name(s) given: flow code changed
+//                without a new version, which diverges from the runs it recorded
 //   --engine-id  the engine's label ("hop-test-daemon" by default); ownership goes by incarnation, not by it
 //   --lease S    the lease duration in seconds (10 by default)
 //   --sleep S    the flow sleeps durably for S seconds after splash
@@ -45,6 +47,7 @@ struct Options {
     var mixed = 0
     var versions: [String] = []
     var waitAll = false
+    var code: String?
 
     static func parse() -> Options {
         var options = Options()
@@ -63,6 +66,7 @@ struct Options {
             case "--mixed": options.mixed = Int(arguments.popFirst() ?? "") ?? 0
             case "--versions": options.versions = (arguments.popFirst() ?? "").split(separator: ",").map(String.init)
             case "--wait-all": options.waitAll = true
+            case "--code": options.code = arguments.popFirst()
             default:
                 FileHandle.standardError.write(Data("unknown argument \(argument)\n".utf8))
                 exit(64)
@@ -73,12 +77,13 @@ struct Options {
 }
 
 /// The start-up flow of `version`: version 1 is the product's; any other is a later release's, in
-/// which main follows splash directly.
+/// which main follows splash directly. With `--code`, that version's code, whatever `version` says.
 func startupFlow(version: String) -> Flow {
-    Flow("startup", version: version) { flow in
+    let code = options.code ?? version
+    return Flow("startup", version: version) { flow in
         try await flow.hop(to: "splash")
         if options.sleep > 0 { try await flow.sleep(for: .milliseconds(Int64(options.sleep * 1000))) }
-        guard version == "1" else {
+        guard code == "1" else {
             try await flow.hop(to: "main")
             return
         }

@@ -10,7 +10,7 @@ import Logging
 
 private let kinds = [
     "hop", "unhop", "decision", "effect", "transition", "error", "cancel", "restart", "complete", "fail", "diverge",
-    "reroute", "timer", "timeout",
+    "reroute", "timer", "timeout", "takeover", "patch",
 ]
 private let steps = ["splash", "onboarding", "login", "main", "isFirstUse(onboarding)", "session", "markUsed(onboarding)", "sleep"]
 

@@ -172,6 +172,14 @@ final class RunExecutor: Sendable {
         return value
     }
 
+    /// Which branch of patch `name` the run takes: the replayed one, or the new one, recorded.
+    func patched(_ name: String) async throws -> Bool {
+        if let replayed = try replay.withLock({ try $0.consumePatch(name) }) { return replayed }
+        let (storage, runID, owner) = (storage, run.id, environment.owner)
+        try await record(.patch, name) { try await storage.recordPatch(runID: runID, name: name, owner: owner) }
+        return true
+    }
+
     /// The effect of marking `feature` used: applied and recorded once, in one transaction.
     func markUsed(_ feature: String) async throws {
         let name = markUsedEffectName(feature)

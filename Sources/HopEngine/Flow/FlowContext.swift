@@ -101,6 +101,28 @@ public final class FlowContext: Sendable {
         return try await decide("fact(\(key))") { try await storage.fact(subject: subject, key: key) }
     }
 
+    // MARK: Patches
+
+    /// Whether the run takes the new branch of a change to this version's code.
+    ///
+    /// ```swift
+    /// if try await flow.patched("terms-screen") {
+    ///     try await flow.hop(to: "terms")  // what runs started from now on do
+    /// }
+    /// ```
+    ///
+    /// A run that reaches the call for the first time takes the new branch, and its history
+    /// records a marker. A run that replays a history recorded before the patch existed takes the
+    /// old branch where the marker is absent, so runs in flight finish on the path they started.
+    /// Retire a patch by deleting the call and its old branch once no unfinished run needs that
+    /// branch (`hopctl patches --flow F --patch NAME` lists them); the markers left in histories
+    /// are then passed over.
+    ///
+    /// - Parameter name: unique within the flow, e.g. `"terms-screen"`.
+    public func patched(_ name: String) async throws -> Bool {
+        try await executor.patched(name)
+    }
+
     // MARK: Effects
 
     /// Marks `feature` used by the subject, exactly once for this run (recorded with the flag, in one transaction).

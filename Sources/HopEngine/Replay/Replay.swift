@@ -51,6 +51,7 @@ struct Replay {
     /// - Throws: why the execution stopped, or the divergence when the history recorded another call.
     mutating func consume(_ kind: HistoryKind, _ name: String) throws -> HistoryEntry? {
         if let stopped { throw stopped }
+        skipPatchMarkers(except: nil)
         guard position < history.count else { return nil }
         let entry = history[position]
         guard entry.kind == kind, entry.step == name else {
@@ -73,10 +74,33 @@ struct Replay {
         return .ended(Self.output(of: end))
     }
 
-    /// The body returned: history it no longer reaches is a divergence too.
-    func finish() throws {
+    /// Which branch of patch `name` the body takes: `true` (the new one) where the history holds
+    /// the patch's marker, `false` (the old one) where the history goes on without it — it was
+    /// recorded before the patch existed —, and `nil` past the end of the history: a new decision,
+    /// the new branch, whose marker the caller records.
+    mutating func consumePatch(_ name: String) throws -> Bool? {
         if let stopped { throw stopped }
+        skipPatchMarkers(except: name)
+        guard position < history.count else { return nil }
+        guard history[position].kind == .patch else { return false }
+        advance()
+        return true
+    }
+
+    /// The body returned: history it no longer reaches is a divergence too.
+    mutating func finish() throws {
+        if let stopped { throw stopped }
+        skipPatchMarkers(except: nil)
         if isReplaying { throw diverged(asked: "the end of the flow") }
+    }
+
+    /// Moves past the markers of patches the code no longer asks about (but `name`'s): deleting a
+    /// `patched` call, once no unfinished run needs its old branch, is how a patch is retired,
+    /// and the markers it left in histories must not stop those runs.
+    private mutating func skipPatchMarkers(except name: String?) {
+        while position < history.count, history[position].kind == .patch, history[position].step != name {
+            advance()
+        }
     }
 
     /// Stops the execution: every later call of the body throws `error` (the first one given).

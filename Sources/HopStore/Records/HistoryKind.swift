@@ -33,6 +33,9 @@ public enum HistoryKind: String, Sendable, Codable, CaseIterable {
     /// Another engine incarnation claimed the run: the step holds its label, the value
     /// `{"from": previous incarnation, "to": new incarnation}`.
     case takeover
+    /// The run took the new branch of `flow.patched(name)`; the step holds the patch's name.
+    /// Replay takes the new branch where the marker stands and the old one where none does.
+    case patch
 
     /// Whether the entry ends the step in flight (an unhop, a timeout or a re-route).
     public var endsStep: Bool { self == .unhop || self == .timeout || self == .reroute }
@@ -40,7 +43,7 @@ public enum HistoryKind: String, Sendable, Codable, CaseIterable {
     /// Whether replay matches this entry against the flow code (the rest is commentary).
     public var isReplayed: Bool {
         switch self {
-        case .hop, .unhop, .timeout, .reroute, .decision, .effect, .timer: true
+        case .hop, .unhop, .timeout, .reroute, .decision, .effect, .timer, .patch: true
         default: false
         }
     }

@@ -134,6 +134,17 @@ extension HopStore {
         }
     }
 
+    /// Records that run `runID` took the new branch of patch `name`; replay takes it again.
+    @discardableResult
+    package func recordPatch(runID: Int64, name: String, owner: String? = nil) async throws -> HistoryEntry {
+        try validate(name, as: "patch name")
+        let operation = "record patch \(name) of run \(runID)"
+        return try await transaction(operation) { tx in
+            _ = try tx.requireRunning(runID, owner: owner, operation: operation)
+            return try tx.append(runID: runID, .patch, step: name, operation: operation)
+        }
+    }
+
     /// Records a durable sleep of run `runID` until `deadline`; replay sleeps until the same deadline.
     @discardableResult
     package func recordTimer(

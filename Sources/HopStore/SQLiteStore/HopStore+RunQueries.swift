@@ -118,4 +118,36 @@ extension HopStore {
             [.text(flow)], operation: "read hop graph of \(flow)"
         ) { HopEdge(from: $0.optionalText(0), to: $0.text(1), count: Int($0.int64(2))) }
     }
+
+    // MARK: Patches
+
+    /// The patches whose new branch runs of `flow` took, by name.
+    public func patches(flow: String) throws -> [PatchUsage] {
+        try validate(flow, as: "flow name")
+        return try connection.query(
+            """
+            SELECT h.step, min(h.at), count(DISTINCT h.run_id) FROM history h JOIN runs r ON r.id = h.run_id
+            WHERE h.kind = \(HistoryKind.patch.sql) AND r.flow = ?1
+            GROUP BY h.step ORDER BY h.step
+            """,
+            [.text(flow)], operation: "list patches of \(flow)"
+        ) { PatchUsage(name: $0.text(0), firstRecordedAt: Clock.date($0.int64(1)), runs: Int($0.int64(2))) }
+    }
+
+    /// The unfinished runs of `flow` that may still need the old branch of patch `patch`: those
+    /// whose history has no marker of it. Some of them may not have reached the patch yet (they will
+    /// take its new branch); none outside the list can need the old branch, so the old branch can
+    /// be deleted once the list is empty.
+    public func runsWithoutPatch(flow: String, patch: String) throws -> [RunRecord] {
+        try validate(flow, as: "flow name")
+        try validate(patch, as: "patch name")
+        return try connection.query(
+            """
+            SELECT \(RunRecord.columns) FROM runs
+            WHERE flow = ?1 AND status IN \(RunStatus.unfinishedSQL) AND NOT EXISTS (
+                SELECT 1 FROM history h WHERE h.run_id = runs.id AND h.kind = \(HistoryKind.patch.sql) AND h.step = ?2)
+            ORDER BY id
+            """,
+            [.text(flow), .text(patch)], operation: "list runs without patch \(patch) of \(flow)", RunRecord.init(row:))
+    }
 }

@@ -66,6 +66,9 @@ package protocol HopStorage: Sendable {
     /// Records the value a condition had when the run read it.
     @discardableResult
     func recordDecision(runID: Int64, name: String, value: String, owner: String?) async throws -> HistoryEntry
+    /// Records that the run took the new branch of patch `name`.
+    @discardableResult
+    func recordPatch(runID: Int64, name: String, owner: String?) async throws -> HistoryEntry
     /// Records a durable sleep until `deadline`.
     @discardableResult
     func recordTimer(runID: Int64, name: String, deadline: Date, owner: String?) async throws -> HistoryEntry

@@ -101,6 +101,19 @@ struct EdgeJSON: Encodable {
     enum CodingKeys: String, CodingKey { case from, to, count }
 }
 
+struct PatchJSON: Encodable {
+    var patch: String
+    var runs: Int
+    var firstRecordedAt: Date
+    var unfinishedWithout: Int
+
+    enum CodingKeys: String, CodingKey {
+        case patch, runs
+        case firstRecordedAt = "first_recorded_at"
+        case unfinishedWithout = "unfinished_without"
+    }
+}
+
 /// An optional field written as `null` when it has no value: the fields of hopctl's JSON are the
 /// same in every object (a synthesized `Encodable` would leave a `nil` field out).
 @propertyWrapper
