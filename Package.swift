@@ -7,6 +7,7 @@ let package = Package(
     products: [
         .library(name: "HopStore", targets: ["HopStore"]),
         .library(name: "HopEngine", targets: ["HopEngine"]),
+        .library(name: "HopTesting", targets: ["HopTesting"]),
         .executable(name: "hopctl", targets: ["hopctl"]),
         .executable(name: "hop-demo", targets: ["hop-demo"]),
         .executable(name: "hop-bench", targets: ["hop-bench"]),
@@ -49,6 +50,10 @@ let package = Package(
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "Metrics", package: "swift-metrics"),
             ]
+        ),
+        .target(
+            name: "HopTesting",
+            dependencies: ["HopEngine"]
         ),
         .executableTarget(
             name: "hopctl",
@@ -128,7 +133,7 @@ let package = Package(
         .testTarget(
             name: "HopEngineTests",
             dependencies: [
-                "HopEngine", "HopTestSupport", "hop-test-daemon", "hopctl",
+                "HopEngine", "HopTesting", "HopTestSupport", "hop-test-daemon", "hopctl", "hop-demo",
                 .product(name: "MetricsTestKit", package: "swift-metrics"),
                 .product(name: "InMemoryLogging", package: "swift-log"),
             ]

@@ -98,7 +98,10 @@ struct SubjectOption: ParsableArguments {
         help: ArgumentHelp(
             "The subject: whom the flows and stored state are for (a device, a user; default: default).",
             valueName: "subject"))
-    var subject: String = "default"
+    var subject: String = Self.defaultSubject
+
+    /// The subject of a daemon that serves one.
+    static let defaultSubject = "default"
 
     func validate() throws { try checkIdentifier(subject, as: "subject") }
 }

@@ -10,7 +10,7 @@ import Synchronization
 /// (`RunExecutor+Steps.swift`) and its end returned to the body. Calls go one way: the flow
 /// body's context and the step's context call the executor; the executor calls storage; it
 /// never calls back into the engine, which learns how the execution ended from ``execute()``.
-final class RunExecutor: Sendable {
+final class RunExecutor: FlowExecution {
     /// How an execution ended, for the engine to act on.
     enum Settlement: Sendable {
         /// Nothing more to do here (completed, failed, stopped, held elsewhere, parked).
@@ -170,6 +170,30 @@ final class RunExecutor: Sendable {
             try await storage.recordDecision(runID: runID, name: name, value: json, owner: owner)
         }
         return value
+    }
+
+    /// Whether the subject has never used `feature`, read once and recorded as a decision.
+    func isFirstUse(_ feature: String) async throws -> Bool {
+        let (storage, subject) = (storage, run.subject)
+        return try await decide(Self.firstUseDecision(feature)) {
+            try await storage.isFirstUse(subject: subject, feature: feature)
+        }
+    }
+
+    /// The subject's session without its token, read once and recorded as a decision.
+    func session() async throws -> SessionInfo? {
+        let (storage, subject) = (storage, run.subject)
+        return try await decide(Self.sessionDecision) {
+            try await storage.session(subject: subject).map {
+                SessionInfo(userID: $0.userID, createdAt: $0.createdAt, expiresAt: $0.expiresAt)
+            }
+        }
+    }
+
+    /// The daemon's fact `key` about the subject, read once and recorded as a decision.
+    func fact(_ key: String) async throws -> String? {
+        let (storage, subject) = (storage, run.subject)
+        return try await decide(Self.factDecision(key)) { try await storage.fact(subject: subject, key: key) }
     }
 
     /// Which branch of patch `name` the run takes: the replayed one, or the new one, recorded.

@@ -17,9 +17,9 @@ public final class FlowContext: Sendable {
     /// The flow version the run was started with.
     public var startedVersion: String { executor.run.flowVersion }
 
-    private let executor: RunExecutor
+    private let executor: any FlowExecution
 
-    init(executor: RunExecutor) { self.executor = executor }
+    init(executor: any FlowExecution) { self.executor = executor }
 
     /// Whether the run is still replaying its history (the calls return recorded results).
     public var isReplaying: Bool { executor.isReplaying }
@@ -78,27 +78,18 @@ public final class FlowContext: Sendable {
 
     /// Whether the run's subject has never used `feature` (or it was reset): recorded as a decision.
     public func isFirstUse(_ feature: String) async throws -> Bool {
-        let (storage, subject) = (executor.storage, subject)
-        return try await decide("isFirstUse(\(feature))") {
-            try await storage.isFirstUse(subject: subject, feature: feature)
-        }
+        try await executor.isFirstUse(feature)
     }
 
     /// The subject's stored session, without its token: recorded as a decision.
     /// A step reads the token itself with ``StepContext/session()``.
     public func session() async throws -> SessionInfo? {
-        let (storage, subject) = (executor.storage, subject)
-        return try await decide("session") {
-            try await storage.session(subject: subject).map {
-                SessionInfo(userID: $0.userID, createdAt: $0.createdAt, expiresAt: $0.expiresAt)
-            }
-        }
+        try await executor.session()
     }
 
     /// The daemon's fact `key` about the subject: recorded as a decision.
     public func fact(_ key: String) async throws -> String? {
-        let (storage, subject) = (executor.storage, subject)
-        return try await decide("fact(\(key))") { try await storage.fact(subject: subject, key: key) }
+        try await executor.fact(key)
     }
 
     // MARK: Patches

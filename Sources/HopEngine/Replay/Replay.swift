@@ -46,6 +46,9 @@ struct Replay {
     /// Whether entries remain to be replayed.
     var isReplaying: Bool { position < history.count }
 
+    /// The sequence number of the next entry to replay, the one a divergence is found at.
+    var nextSeq: Int64? { position < history.count ? history[position].seq : nil }
+
     /// Matches the body's next call, of `kind` named `name`, against the history: the recorded
     /// entry when the history holds it, `nil` when the history is used up (a new call).
     /// - Throws: why the execution stopped, or the divergence when the history recorded another call.

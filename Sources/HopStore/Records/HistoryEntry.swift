@@ -17,3 +17,13 @@ public struct HistoryEntry: Sendable, Equatable, Codable {
     /// When it was committed.
     public var at: Date
 }
+
+extension HistoryEntry {
+    /// An entry as recorded elsewhere (a test's fixture, another database's export).
+    package static func recorded(
+        runID: Int64, seq: Int64, kind: HistoryKind, step: String?, token: String? = nil, value: String?,
+        at: Date = Date(timeIntervalSince1970: 0)
+    ) -> HistoryEntry {
+        HistoryEntry(runID: runID, seq: seq, kind: kind, step: step, token: token, value: value, at: at)
+    }
+}

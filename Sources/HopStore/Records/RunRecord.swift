@@ -32,6 +32,23 @@ public struct RunRecord: Sendable, Equatable, Codable {
 }
 
 extension RunRecord {
+    /// A run as recorded elsewhere (a test's fixture, another database's export).
+    package init(
+        id: Int64, flow: String, subject: String, flowVersion: String, status: RunStatus, currentStep: String? = nil,
+        createdAt: Date = Date(timeIntervalSince1970: 0), updatedAt: Date = Date(timeIntervalSince1970: 0)
+    ) {
+        self.id = id
+        self.flow = flow
+        self.subject = subject
+        self.flowVersion = flowVersion
+        self.status = status
+        self.currentStep = currentStep
+        self.createdAt = createdAt
+        self.updatedAt = updatedAt
+    }
+}
+
+extension RunRecord {
     /// The readable label of the engine that holds the run (its configured `engineID`), if one does.
     public var ownerLabel: String? { owner.map(Incarnation.label(of:)) }
 

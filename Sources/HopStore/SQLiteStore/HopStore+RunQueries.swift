@@ -54,6 +54,14 @@ extension HopStore {
         try connection.query("SELECT DISTINCT flow FROM runs ORDER BY flow", [], operation: "list flows") { $0.text(0) }
     }
 
+    /// Every run of `flow`, for every subject, oldest first.
+    public func allRuns(flow: String) throws -> [RunRecord] {
+        try validate(flow, as: "flow name")
+        return try connection.query(
+            "SELECT \(RunRecord.columns) FROM runs WHERE flow = ?1 ORDER BY id", [.text(flow)],
+            operation: "list runs of \(flow)", RunRecord.init(row:))
+    }
+
     /// Every run of `flow` for `subject`, oldest first.
     public func allRuns(flow: String, subject: String) throws -> [RunRecord] {
         try validate(flow, as: "flow name")

@@ -3,7 +3,11 @@ import HopStore
 
 struct History: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "A run's hop history in order (the latest run of the flow for the subject by default).")
+        abstract: "A run's hop history in order (the latest run of the flow for the subject by default).",
+        discussion: """
+            With --all-runs, the histories of every run of the flow, for every subject, oldest first: \
+            with --json, the file a replay test reads (HopTesting's HistoryReplayer).
+            """)
 
     @OptionGroup var global: ReadOptions
     @OptionGroup var subjectOption: SubjectOption
@@ -20,16 +24,23 @@ struct History: AsyncParsableCommand {
     @Option(parsing: .unconditional, help: ArgumentHelp("Only the last N entries (1 or more).", valueName: "n"))
     var limit: Int?
 
+    @Flag(help: "Every run of the flow, for every subject, oldest first (no --run, --subject or --limit).")
+    var allRuns = false
+
     func validate() throws {
         try checkIdentifier(flow, as: "flow name")
         if let limit, limit < 1 { throw ValidationError("--limit is out of range: give 1 or more entries") }
         if let run, run < 1 {
             throw ValidationError("--run is out of range: run ids are 1 or more (see `hopctl status`)")
         }
+        if allRuns, run != nil || limit != nil || subjectOption.subject != SubjectOption.defaultSubject {
+            throw ValidationError("--all-runs takes every run of the flow: give it without --run, --subject or --limit")
+        }
     }
 
     func run() async throws {
         let store = try await global.openForReading()
+        if allRuns { return try await printAllRuns(store) }
         let subject = subjectOption.subject
         let record: RunRecord?
         if let run {
@@ -69,5 +80,31 @@ struct History: AsyncParsableCommand {
                     Output.relative($0.at),
                 ]
             })
+    }
+
+    /// The histories of every run of the flow, oldest first.
+    private func printAllRuns(_ store: HopStore) async throws {
+        try await requireFlow(flow, in: store, operation: "history")
+        let runs = try await store.allRuns(flow: flow)
+        let histories = try await store.histories(runIDs: runs.map(\.id))
+        if output.json {
+            return try Output.json(
+                runs.map {
+                    HistoryJSON(run: RunJSON($0), entries: (histories[$0.id] ?? []).map(HistoryJSON.Entry.init))
+                })
+        }
+        for run in runs {
+            Output.line(
+                "run \(run.id) of \(Output.printable(flow)) for \(Output.printable(run.subject)): \(run.status.rawValue)"
+            )
+            Output.table(
+                ["SEQ", "KIND", "STEP", "VALUE", "AT"],
+                (histories[run.id] ?? []).map {
+                    [
+                        "\($0.seq)", $0.kind.rawValue, $0.step ?? "-", Output.abbreviated($0.value ?? ""),
+                        Output.relative($0.at),
+                    ]
+                })
+        }
     }
 }
