@@ -54,4 +54,44 @@ import Testing
             #expect(path == expected, "run \(run.id) of version \(run.flowVersion)")
         }
     }
+
+    @Test func hopctlShowsWhereARunDivergedAndAForkFromTheLastAgreeingEntryCompletesIt() async throws {
+        let folder = try TemporaryDirectory()
+        let first = try ChildProcess("hop-test-daemon", ["--db", folder.database, "--external"], directory: folder)
+        try await first.waitForOutput("parked onboarding")
+        first.kill()
+        _ = try await first.waitForExit()
+        let hopctl = ["--db", folder.database, "--flow", "startup"]
+        let unhop = try await run("hopctl", ["unhop", "--step", "onboarding"] + hopctl, in: folder)
+        #expect(unhop.status == 0, "\(unhop.stderr)")
+        // Version 1's code changed in place: main follows splash.
+        let changed = ["--db", folder.database, "--version", "1", "--code", "2"]
+        let diverging = try await run("hop-test-daemon", changed, in: folder)
+        #expect(diverging.stdout.contains("settled diverged"), "\(diverging.stdout)\(diverging.stderr)")
+
+        let status = try await run(
+            "hopctl", ["status", "--status", "diverged", "--json", "--db", folder.database], in: folder)
+        let rows = try #require(try JSONSerialization.jsonObject(with: Data(status.stdout.utf8)) as? [[String: Any]])
+        let diverged = try #require(rows.first?["diverged"] as? [String: Any], "\(status.stdout)")
+        #expect(
+            rows.count == 1 && diverged["code_version"] as? String == "1" && diverged["run_version"] as? String == "1")
+        let entry = try #require((diverged["entry"] as? NSNumber)?.int64Value)
+        let table = try await run("hopctl", ["status", "--status", "diverged", "--db", folder.database], in: folder)
+        #expect(table.stdout.contains("DIVERGED AT") && table.stdout.contains("entry \(entry)"), "\(table.stdout)")
+
+        let fork = try await run("hopctl", ["fork", "--from", "\(entry - 1)", "--json"] + hopctl, in: folder)
+        #expect(fork.status == 0, "\(fork.stderr)")
+        let forked = try #require(try JSONSerialization.jsonObject(with: Data(fork.stdout.utf8)) as? [String: Any])
+        let newRun = try #require(((forked["new"] as? [String: Any])?["run"] as? NSNumber)?.int64Value)
+        let completing = try await run("hop-test-daemon", changed, in: folder)
+        #expect(completing.stdout.contains("settled completed"), "\(completing.stdout)\(completing.stderr)")
+        let bodies = (try? String(contentsOfFile: folder.database + ".bodies", encoding: .utf8)) ?? ""
+        #expect(!bodies.contains("\(newRun) splash"), "splash ran again in the forked run: \(bodies)")
+        #expect(bodies.contains("\(newRun) main"), "\(bodies)")
+        let empty = try await run("hopctl", ["status", "--status", "diverged", "--db", folder.database], in: folder)
+        #expect(empty.stdout.isEmpty && empty.stderr.contains("no diverged runs"), "\(empty.stdout)\(empty.stderr)")
+
+        let refused = try await run("hopctl", ["fork", "--from", "99"] + hopctl, in: folder)
+        #expect(refused.status != 0 && refused.stderr.contains("has no entry 99"), "\(refused.stderr)")
+    }
 }

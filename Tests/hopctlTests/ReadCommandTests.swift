@@ -53,7 +53,7 @@ import Testing
         #expect(
             Set(json[0].keys) == [
                 "run", "flow", "subject", "status", "current_step", "flow_version", "created_at", "updated_at", "owner",
-                "lease_live",
+                "lease_live", "diverged",
             ])
         #expect(json[0]["status"] as? String == "completed" && json[0]["flow"] as? String == "startup")
         #expect(try await hopctlJSON(["status", "--subject", "nobody"], in: folder) as? [Any] != nil)

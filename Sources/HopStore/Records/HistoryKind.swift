@@ -36,6 +36,9 @@ public enum HistoryKind: String, Sendable, Codable, CaseIterable {
     /// The run took the new branch of `flow.patched(name)`; the step holds the patch's name.
     /// Replay takes the new branch where the marker stands and the old one where none does.
     case patch
+    /// The run was forked: in the old run, `{"to": new run, "through": entry}`; first in the new
+    /// run, `{"from": old run, "through": entry}` (the entries it took over follow).
+    case fork
 
     /// Whether the entry ends the step in flight (an unhop, a timeout or a re-route).
     public var endsStep: Bool { self == .unhop || self == .timeout || self == .reroute }

@@ -93,4 +93,81 @@ extension HopStore {
             return event
         }
     }
+
+    /// Starts a new run of `flow` for `subject` that takes the history of run `runID` (the latest
+    /// run when `nil`) up to entry `seq` as already done — its steps are not entered again, its
+    /// decisions and outputs stand — and continues from there on the flow code of `version` (the
+    /// old run's when `nil`). The old run, ended if it was not, and the new one are linked by
+    /// `fork` entries. For a run that diverged after a code change, or is stuck.
+    ///
+    /// - Throws: `.notFound` for no such run; `.refused`, changing nothing, when `seq` is not an
+    ///   entry of the run, when a step would be in flight at `seq` (its hop without its end), or
+    ///   when another run of the subject is unfinished.
+    public func forkRun(
+        flow: String, subject: String, runID: Int64? = nil, through seq: Int64, version: String? = nil
+    ) async throws -> (old: RunRecord, new: RunRecord) {
+        try validate(flow, as: "flow name")
+        try validate(subject, as: "subject")
+        if let version { try validate(version, as: "flow version") }
+        let operation = "fork \(flow) for \(subject)"
+        return try await transaction(operation) { tx in
+            let old: RunRecord
+            if let runID {
+                old = try tx.requireRun(runID, operation: operation)
+                guard old.flow == flow, old.subject == subject else {
+                    throw tx.refuse(
+                        .notFound, operation,
+                        "run \(runID) belongs to flow '\(old.flow)' for subject '\(old.subject)', not '\(flow)' for '\(subject)'",
+                        hint: "Pass the matching --flow and --subject")
+                }
+            } else {
+                guard
+                    let latest = try tx.queryOne(
+                        "SELECT \(RunRecord.columns) FROM runs WHERE flow = ?1 AND subject = ?2 ORDER BY id DESC LIMIT 1",
+                        [.text(flow), .text(subject)], operation: operation, RunRecord.init(row:))
+                else {
+                    throw tx.refuse(
+                        .notFound, operation, "there is no run of flow '\(flow)' for subject '\(subject)'",
+                        hint: "Check the names with `hopctl status`")
+                }
+                old = latest
+            }
+            if let other = try tx.unfinishedRun(flow: flow, subject: subject, operation: operation), other.id != old.id
+            {
+                throw tx.refuse(
+                    .refused, operation, "run \(other.id) of the subject is unfinished; nothing was changed",
+                    hint: "Fork its latest run, or cancel run \(other.id) first")
+            }
+            let history = try tx.query(
+                "SELECT \(HistoryEntry.columns) FROM history WHERE run_id = ?1 ORDER BY seq", [.integer(old.id)],
+                operation: operation, HistoryEntry.init(row:))
+            guard let last = history.last?.seq, seq >= 1, seq <= last else {
+                throw tx.refuse(
+                    .refused, operation,
+                    "run \(old.id) has no entry \(seq) (its entries are 1 to \(history.last?.seq ?? 0)); nothing was changed",
+                    hint: "Choose an entry from `hopctl history --flow \(flow) --subject \(subject) --run \(old.id)`")
+            }
+            let taken = history.filter { $0.seq <= seq && $0.kind.isReplayed }
+            if let hop = taken.last(where: { $0.kind == .hop }),
+                !taken.contains(where: { $0.kind.endsStep && $0.token == hop.token })
+            {
+                throw tx.refuse(
+                    .refused, operation,
+                    "at entry \(seq), step '\(hop.step ?? "?")' of run \(old.id) is in flight (its hop is entry \(hop.seq), its end is not taken); nothing was changed",
+                    hint: "Fork through entry \(hop.seq - 1) to enter '\(hop.step ?? "?")' again, or through its end")
+            }
+            if old.status.isUnfinished { try tx.setStatus(old.id, .cancelled, operation: operation) }
+            let new = try tx.insertRun(
+                flow: flow, subject: subject, version: version ?? old.flowVersion, operation: operation)
+            try tx.append(
+                runID: new.id, .fork, value: #"{"from":\#(old.id),"through":\#(seq)}"#, operation: operation)
+            for entry in taken {
+                try tx.append(
+                    runID: new.id, entry.kind, step: entry.step, token: entry.token, value: entry.value,
+                    operation: operation)
+            }
+            try tx.append(runID: old.id, .fork, value: #"{"to":\#(new.id),"through":\#(seq)}"#, operation: operation)
+            return (try tx.requireRun(old.id, operation: operation), try tx.requireRun(new.id, operation: operation))
+        }
+    }
 }

@@ -2,6 +2,8 @@ import ArgumentParser
 import Foundation
 import HopStore
 
+extension RunStatus: ExpressibleByArgument {}
+
 struct Status: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract:
@@ -22,6 +24,13 @@ struct Status: AsyncParsableCommand {
     @Option(help: ArgumentHelp("Only this subject.", valueName: "subject"))
     var subject: String?
 
+    @Option(
+        help: ArgumentHelp(
+            "Only runs with this status: running, parked, completed, failed, cancelled or diverged "
+                + "(diverged: the runs that need an operator, with the entry where each diverged and both versions).",
+            valueName: "status"))
+    var status: RunStatus?
+
     func validate() throws {
         if let flow { try checkIdentifier(flow, as: "flow name") }
         if let subject { try checkIdentifier(subject, as: "subject") }
@@ -29,10 +38,29 @@ struct Status: AsyncParsableCommand {
 
     func run() async throws {
         let store = try await global.openForReading()
-        let runs = try await store.runs(flow: flow, subject: subject)
+        var runs = try await store.runs(flow: flow, subject: subject)
         if runs.isEmpty, let flow { try await requireFlow(flow, in: store, operation: "status") }
-        if output.json { return try Output.json(runs.map(RunJSON.init)) }
-        if runs.isEmpty { return Output.note("no runs in \(store.path)") }
+        if let status { runs = runs.filter { $0.status == status } }
+        var divergences: [Int64: String] = [:]
+        for run in runs where run.status == .diverged {
+            divergences[run.id] = try await store.history(runID: run.id, limit: 4).last { $0.kind == .diverge }?.value
+        }
+        if output.json { return try Output.json(runs.map { RunJSON($0, divergence: divergences[$0.id]) }) }
+        if runs.isEmpty {
+            return Output.note(status.map { "no \($0.rawValue) runs in \(store.path)" } ?? "no runs in \(store.path)")
+        }
+        if status == .diverged {
+            return Output.table(
+                ["FLOW", "SUBJECT", "RUN", "DIVERGED AT", "CODE", "RUN VERSION", "CHANGED"],
+                runs.map { run in
+                    let divergence = DivergenceJSON(message: divergences[run.id] ?? "")
+                    return [
+                        run.flow, run.subject, "\(run.id)", divergence.entry.map { "entry \($0)" } ?? "-",
+                        divergence.codeVersion ?? "-", divergence.runVersion ?? run.flowVersion,
+                        Output.relative(run.updatedAt),
+                    ]
+                })
+        }
         Output.table(
             ["FLOW", "SUBJECT", "RUN", "STATUS", "STEP", "OWNER", "CHANGED"],
             runs.map {

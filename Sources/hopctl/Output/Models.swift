@@ -14,8 +14,11 @@ struct RunJSON: Encodable {
     var updatedAt: Date
     @ExplicitNull var owner: String?
     var leaseLive: Bool
+    /// For a diverged run, where and why (`hopctl status`); `null` otherwise.
+    @ExplicitNull var diverged: DivergenceJSON?
 
-    init(_ run: RunRecord) {
+    init(_ run: RunRecord, divergence: String? = nil) {
+        diverged = divergence.map(DivergenceJSON.init(message:))
         self.run = run.id
         flow = run.flow
         subject = run.subject
@@ -36,6 +39,7 @@ struct RunJSON: Encodable {
         case updatedAt = "updated_at"
         case owner
         case leaseLive = "lease_live"
+        case diverged
     }
 }
 
@@ -112,6 +116,39 @@ struct PatchJSON: Encodable {
         case firstRecordedAt = "first_recorded_at"
         case unfinishedWithout = "unfinished_without"
     }
+}
+
+/// Where a diverged run stopped agreeing with the flow code, read from its `diverge` entry.
+struct DivergenceJSON: Encodable {
+    /// The history entry where the code asked for something else.
+    var entry: Int64?
+    /// The version of the code that replayed the run.
+    var codeVersion: String?
+    /// The version the run started with.
+    var runVersion: String?
+    var message: String
+
+    enum CodingKeys: String, CodingKey {
+        case entry, message
+        case codeVersion = "code_version"
+        case runVersion = "run_version"
+    }
+
+    /// Reads the parts of a divergence message (the engine's `Replay.diverged` writes it).
+    init(message: String) {
+        self.message = message
+        entry = message.firstMatch(of: /\(history entry (\d+)\)/).flatMap { Int64($0.1) }
+        if let versions = message.firstMatch(of: /\(version ([^;]+); the run started with version ([^)]+)\)/) {
+            codeVersion = String(versions.1)
+            runVersion = String(versions.2)
+        }
+    }
+}
+
+struct ForkJSON: Encodable {
+    var old: RunJSON
+    var new: RunJSON
+    var through: Int64
 }
 
 /// An optional field written as `null` when it has no value: the fields of hopctl's JSON are the
