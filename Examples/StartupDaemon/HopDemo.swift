@@ -27,6 +27,19 @@ struct HopDemo: AsyncParsableCommand {
     @Flag(help: "Log what the engine does (info level) to standard error.")
     var verbose = false
 
+    @Option(
+        help: ArgumentHelp(
+            "The newest start-up flow this build has: 1, or 2 (a terms step after onboarding). "
+                + "Version 1 stays registered, so runs that started on it finish on it.",
+            valueName: "version"))
+    var flowVersion = "1"
+
+    func validate() throws {
+        guard ["1", "2"].contains(flowVersion) else {
+            throw ValidationError("--flow-version is 1 or 2 (2: a terms step follows onboarding)")
+        }
+    }
+
     func run() async throws {
         let level: Logger.Level = verbose ? .info : .warning
         LoggingSystem.bootstrap { label in
@@ -50,7 +63,11 @@ struct HopDemo: AsyncParsableCommand {
                     if let systemd { Self.report(event, to: systemd) }
                 },
                 engineID: "hop-demo@\(ProcessInfo.processInfo.hostName)"))
-        registerStartupSteps(on: engine)
+        registerStartupSteps(on: engine, newest: flowVersion)
+        if flowVersion != "1" {
+            narrator.say(
+                "flow startup: versions 1 and \(flowVersion) registered; new runs start on version \(flowVersion)")
+        }
         let outcome = Outcome()
         let demo = DemoService(
             engine: engine, store: store, events: events, ticks: continuation, narrator: narrator, subject: subject,

@@ -21,20 +21,17 @@ import Testing
                 "hopctl status", "hopctl unhop --flow startup --step onboarding",
                 "hopctl session login alice --expires-in 30d",
                 "hop-demo", "hopctl history --flow startup --limit 6", "hopctl graph --flow startup",
+                "hop-demo --subject kiosk-1", "hop-demo --flow-version 2 --subject kiosk-1 --auto",
+                "hop-demo --flow-version 2 --subject kiosk-2 --auto",
             ], "the tour changed: update this test with it")
-        guard commands.count == 11 else { return }
+        guard commands.count == 14 else { return }
         let folder = try TemporaryDirectory()
         let environment = ["HOP_DB": folder.database]
 
         for index in 0...3 { try await check(steps[index], try await run(steps[index], in: folder, environment)) }
 
         // Killed while it waits at onboarding.
-        let killed = try start(steps[4], in: folder, environment)
-        let lastLine = try #require(steps[4].expected.last { $0 != "Killed" })
-        try await killed.waitForOutput(String(lastLine.drop { $0 == " " }.prefix(30)))
-        killed.kill()
-        try await killed.waitForExit()
-        try await check(steps[4], (killed.stdout + "Killed\n", killed.stderr))
+        try await checkKilled(steps[4], in: folder, environment)
 
         // Started again; from a second terminal: status, unhop, login.
         let resumed = try start(steps[8], in: folder, environment)
@@ -48,6 +45,21 @@ import Testing
         try await check(steps[8], (resumed.stdout, resumed.stderr))
 
         for index in 9...10 { try await check(steps[index], try await run(steps[index], in: folder, environment)) }
+
+        // A new version: a kiosk's run killed at onboarding on version 1, then the build with version 2.
+        try await checkKilled(steps[11], in: folder, environment)
+        for index in 12...13 { try await check(steps[index], try await run(steps[index], in: folder, environment)) }
+    }
+
+    /// Runs `step` until it prints the README's last line before "Killed", then kills it.
+    private func checkKilled(_ step: Step, in folder: TemporaryDirectory, _ environment: [String: String]) async throws
+    {
+        let killed = try start(step, in: folder, environment)
+        let lastLine = try #require(step.expected.last { $0 != "Killed" })
+        try await killed.waitForOutput(String(lastLine.drop { $0 == " " }.prefix(30)))
+        killed.kill()
+        try await killed.waitForExit()
+        try await check(step, (killed.stdout + "Killed\n", killed.stderr))
     }
 
     private func run(

@@ -54,14 +54,14 @@ import Testing
     func runsPastThePatchKeepTheOldBranchAndTheOthersTakeTheNewOneAcrossARestart(backend: TestBackend) async throws {
         let folder = try TemporaryDirectory()
         let storage = try await backend.open(folder)
-        // Before the patch: ten runs parked at login (past the patch's place), ten at onboarding.
+        // Before the patch: 50 runs parked at login (past the patch's place), 50 at onboarding.
         let old = Self.engine(storage, Self.before)
         var pastIt: [Int64] = []
         var beforeIt: [Int64] = []
-        for index in 0..<20 {
+        for index in 0..<100 {
             let run = try await old.start("startup", subject: "old-\(index)")
             _ = try await old.settled(runID: run.id)
-            if index < 10 {
+            if index < 50 {
                 try await old.unhop(flow: "startup", subject: "old-\(index)", step: "onboarding")
                 #expect(try await old.settled(runID: run.id)?.currentStep == "login")
                 pastIt.append(run.id)
@@ -80,10 +80,10 @@ import Testing
         // Restarted on the same build: everything moves on.
         let restarted = Self.engine(storage, Self.after)
         for (index, runID) in beforeIt.enumerated() {
-            try await restarted.unhop(flow: "startup", subject: "old-\(index + 10)", step: "onboarding")
+            try await restarted.unhop(flow: "startup", subject: "old-\(index + 50)", step: "onboarding")
             #expect(try await restarted.settled(runID: runID)?.currentStep == "login")
         }
-        for (subject, runID) in zip((0..<20).map { "old-\($0)" } + ["new-0"], pastIt + beforeIt + [fresh.id]) {
+        for (subject, runID) in zip((0..<100).map { "old-\($0)" } + ["new-0"], pastIt + beforeIt + [fresh.id]) {
             try await restarted.unhop(flow: "startup", subject: subject, step: "login")
             #expect(try await restarted.settled(runID: runID)?.status == .completed, "\(subject)")
         }
