@@ -94,4 +94,62 @@ import Testing
         let refused = try await run("hopctl", ["fork", "--from", "99"] + hopctl, in: folder)
         #expect(refused.status != 0 && refused.stderr.contains("has no entry 99"), "\(refused.stderr)")
     }
+
+    @Test func aPatchDeployedWhileRunsWaitKeepsRunsPastItOnTheOldBranchAcrossASIGKILL() async throws {
+        let folder = try TemporaryDirectory()
+        let store = try await HopStore.open(path: folder.database)
+        let hopctl = ["--db", folder.database, "--flow", "startup"]
+        func steer(_ arguments: [String], flow: Bool = true) async throws {
+            let result = try await run("hopctl", arguments + (flow ? hopctl : ["--db", folder.database]), in: folder)
+            #expect(result.status == 0, "\(arguments): \(result.stderr)")
+        }
+        // The build before the patch: user-0 gets past the patch's place (to login), user-1 waits before it.
+        let past = try ChildProcess(
+            "hop-test-daemon", ["--db", folder.database, "--external", "--subject", "user-0"], directory: folder)
+        try await past.waitForOutput("parked onboarding")
+        try await steer(["unhop", "--step", "onboarding", "--subject", "user-0"])
+        try await past.waitForOutput("parked login")
+        past.kill()
+        _ = try await past.waitForExit()
+        let before = try ChildProcess(
+            "hop-test-daemon", ["--db", folder.database, "--external", "--subject", "user-1"], directory: folder)
+        try await before.waitForOutput("parked onboarding")
+        before.kill()
+        _ = try await before.waitForExit()
+        try await steer(["unhop", "--step", "onboarding", "--subject", "user-1"])
+        for user in ["user-0", "user-1", "user-2"] {
+            try await steer(["session", "login", "alice", "--subject", user], flow: false)
+        }
+
+        // The patched build, killed right after the first marker is recorded, then started again.
+        let patched = ["--db", folder.database, "--external", "--patch", "--subject", "user-2", "--wait-all"]
+        let killed = try ChildProcess(
+            "hop-test-daemon", patched, environment: ["HOP_TEST_KILL_AT": "after:patch:terms-screen"], directory: folder
+        )
+        _ = try await killed.waitForExit()
+        #expect(killed.wasSignalled, "\(killed.stdout)\(killed.stderr)")
+        let again = try ChildProcess("hop-test-daemon", patched, directory: folder)
+        // user-2 is a first use: it parks at onboarding (in either process).
+        try await waitUntil("user-2 is parked at onboarding") {
+            let run = try await store.latestRun(flow: "startup", subject: "user-2")
+            return run?.status == .parked && run?.currentStep == "onboarding"
+        }
+        try await steer(["unhop", "--step", "onboarding", "--subject", "user-2"])
+        #expect(try await again.waitForExit() == 0, "\(again.stdout)\(again.stderr)")
+
+        for (user, expected) in [
+            ("user-0", ["splash", "onboarding", "login", "main"]),
+            ("user-1", ["splash", "onboarding", "patch terms-screen", "terms", "main"]),
+            ("user-2", ["splash", "onboarding", "patch terms-screen", "terms", "main"]),
+        ] {
+            let record = try #require(try await store.latestRun(flow: "startup", subject: user))
+            #expect(record.status == .completed, "\(user)")
+            let history = try await store.history(runID: record.id)
+            let path = history.filter { $0.kind == .hop || $0.kind == .patch }.map {
+                $0.kind == .patch ? "patch \($0.step ?? "")" : $0.step ?? ""
+            }
+            #expect(path == expected, "\(user)")
+            #expect(!history.contains { $0.kind == .diverge }, "\(user) diverged")
+        }
+    }
 }

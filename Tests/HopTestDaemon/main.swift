@@ -14,6 +14,8 @@ import Logging
 //   --versions 1,2  registers these versions of the flow side by side (the last is the newest, on
 //                which a new run starts); replaces --version
 //   --wait-all   (with --external) exits only once no run in the database is unfinished
+//   --patch      version 1's code with a patch: a terms step (in process) after onboarding, behind
+//                flow.patched("terms-screen")
 //   --code 2     registers version 2's code under the version name(s) given: flow code changed
 //                without a new version, which diverges from the runs it recorded
 //   --engine-id  the engine's label ("hop-test-daemon" by default); ownership goes by incarnation, not by it
@@ -48,6 +50,7 @@ struct Options {
     var versions: [String] = []
     var waitAll = false
     var code: String?
+    var patch = false
 
     static func parse() -> Options {
         var options = Options()
@@ -67,6 +70,7 @@ struct Options {
             case "--versions": options.versions = (arguments.popFirst() ?? "").split(separator: ",").map(String.init)
             case "--wait-all": options.waitAll = true
             case "--code": options.code = arguments.popFirst()
+            case "--patch": options.patch = true
             default:
                 FileHandle.standardError.write(Data("unknown argument \(argument)\n".utf8))
                 exit(64)
@@ -89,6 +93,7 @@ func startupFlow(version: String) -> Flow {
         }
         if try await flow.isFirstUse("onboarding") {
             try await flow.hop(to: "onboarding")
+            if options.patch, try await flow.patched("terms-screen") { try await flow.hop(to: "terms") }
             try await flow.markUsed("onboarding")
         }
         while true {
@@ -181,6 +186,7 @@ do {
             try await step.unhop(output: ["userID": "alice"])
         }
     }
+    engine.register(step: "terms") { step in noteBody(step) }
     if options.reroute {
         engine.register(step: "main", .external(unhopWhen: .sessionRemoved))
     } else {
