@@ -11,28 +11,10 @@ import Testing
     static let demoFlow = Flow("startup", version: "1", variants[0])
 
     /// Version 2: a terms step after onboarding, added without a patch.
-    static let termsUnpatched = Flow("startup", version: "2") { flow in
-        try await flow.hop(to: "splash")
-        if try await flow.isFirstUse("onboarding") {
-            try await flow.hop(to: "onboarding")
-            try await flow.hop(to: "terms")
-            try await flow.markUsed("onboarding")
-        }
-        if try await flow.session() == nil { try await flow.hop(to: "login") }
-        try await flow.hop(to: "main")
-    }
+    static let termsUnpatched = Flow("startup", version: "2", variants[4])
 
     /// Version 2 done right: the terms step behind a patch.
-    static let termsPatched = Flow("startup", version: "2") { flow in
-        try await flow.hop(to: "splash")
-        if try await flow.isFirstUse("onboarding") {
-            try await flow.hop(to: "onboarding")
-            if try await flow.patched("terms-screen") { try await flow.hop(to: "terms") }
-            try await flow.markUsed("onboarding")
-        }
-        if try await flow.session() == nil { try await flow.hop(to: "login") }
-        try await flow.hop(to: "main")
-    }
+    static let termsPatched = Flow("startup", version: "2", variants[5])
 
     @Test func theDemosRecordedHistoriesReplayedAgainstVersion2CatchTheUnpatchedChange() async throws {
         let folder = try TemporaryDirectory()

@@ -49,15 +49,7 @@ extension HopStore {
         if let version { try validate(version, as: "flow version") }
         let operation = "restart \(flow) for \(subject)"
         return try await transaction(operation) { tx in
-            guard
-                let latest = try tx.queryOne(
-                    "SELECT \(RunRecord.columns) FROM runs WHERE flow = ?1 AND subject = ?2 ORDER BY id DESC LIMIT 1",
-                    [.text(flow), .text(subject)], operation: operation, RunRecord.init(row:))
-            else {
-                throw tx.refuse(
-                    .notFound, operation, "there is no run of flow '\(flow)' for subject '\(subject)'",
-                    hint: "Check the names with `hopctl status`")
-            }
+            let latest = try tx.requireLatestRun(flow: flow, subject: subject, operation: operation)
             if latest.status.isUnfinished {
                 try tx.append(
                     runID: latest.id, .restart, step: latest.currentStep, value: "restarted", operation: operation)
@@ -121,16 +113,7 @@ extension HopStore {
                         hint: "Pass the matching --flow and --subject")
                 }
             } else {
-                guard
-                    let latest = try tx.queryOne(
-                        "SELECT \(RunRecord.columns) FROM runs WHERE flow = ?1 AND subject = ?2 ORDER BY id DESC LIMIT 1",
-                        [.text(flow), .text(subject)], operation: operation, RunRecord.init(row:))
-                else {
-                    throw tx.refuse(
-                        .notFound, operation, "there is no run of flow '\(flow)' for subject '\(subject)'",
-                        hint: "Check the names with `hopctl status`")
-                }
-                old = latest
+                old = try tx.requireLatestRun(flow: flow, subject: subject, operation: operation)
             }
             if let other = try tx.unfinishedRun(flow: flow, subject: subject, operation: operation), other.id != old.id
             {
