@@ -1,6 +1,11 @@
 import ArgumentParser
-import Foundation
 import HopStore
+
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
+import Foundation
+#endif
 
 /// Options every command that changes the database takes.
 struct GlobalOptions: ParsableArguments {

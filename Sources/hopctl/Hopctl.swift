@@ -1,6 +1,14 @@
 import ArgumentParser
-import Foundation
 import HopStore
+
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
+import Foundation
+#endif
+#if canImport(Glibc)
+import Glibc
+#endif
 
 @main
 struct Hopctl: AsyncParsableCommand {
@@ -32,8 +40,8 @@ struct Hopctl: AsyncParsableCommand {
             }
         } catch let error as UsageError {
             // Found while running (standard input, say): the message alone, not the whole usage.
-            FileHandle.standardError.write(Data("Error: \(error.message)\n".utf8))
-            Foundation.exit(ExitCode.validationFailure.rawValue)
+            StandardStream.write("Error: \(error.message)\n", to: STDERR_FILENO)
+            Glibc.exit(ExitCode.validationFailure.rawValue)
         } catch {
             exit(withError: error)
         }

@@ -1,4 +1,8 @@
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
 import Foundation
+#endif
 
 /// Times as Hop stores them: milliseconds since the Unix epoch.
 enum Clock {

@@ -1,4 +1,8 @@
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
 import Foundation
+#endif
 
 /// The rules for names Hop stores: flows, subjects, steps, features, fact keys, user ids.
 public enum Identifier {
@@ -18,7 +22,8 @@ public enum Identifier {
         } else if bytes > maximumLength {
             problem = "it is \(bytes) bytes long; the limit is \(maximumLength)"
         } else if let scalar = Self.firstInvisible(in: value) {
-            let code = String(format: "U+%04X", scalar.value)
+            let hex = String(scalar.value, radix: 16, uppercase: true)
+            let code = "U+" + String(repeating: "0", count: max(0, 4 - hex.count)) + hex
             problem =
                 "it contains \(code), \(scalar.properties.generalCategory == .control ? "a control" : "an invisible formatting") character"
         }

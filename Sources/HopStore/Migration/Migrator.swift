@@ -1,4 +1,8 @@
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
 import Foundation
+#endif
 
 /// Applies migrations in order, each in its own transaction, recording version, name,
 /// checksum and time in `hop_migrations`.

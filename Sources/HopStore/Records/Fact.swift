@@ -1,4 +1,8 @@
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
 import Foundation
+#endif
 
 /// One of the daemon's own key/value facts about a subject.
 public struct Fact: Sendable, Equatable, Codable {

@@ -1,4 +1,8 @@
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
 import Foundation
+#endif
 
 /// A feature a subject has used; a feature without a flag is on its first use.
 public struct FirstUseFlag: Sendable, Equatable, Codable {

@@ -1,4 +1,8 @@
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
 import Foundation
+#endif
 
 /// One entry of a run's append-only hop history.
 public struct HistoryEntry: Sendable, Equatable, Codable {

@@ -1,4 +1,8 @@
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
 import Foundation
+#endif
 
 /// What a history entry records.
 public enum HistoryKind: String, Sendable, Codable, CaseIterable {

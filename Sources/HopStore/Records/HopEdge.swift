@@ -1,4 +1,8 @@
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
 import Foundation
+#endif
 
 /// An edge of the hop graph of a flow: how many times runs went from one step to the next.
 public struct HopEdge: Sendable, Equatable, Codable {

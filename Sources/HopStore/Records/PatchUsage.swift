@@ -1,4 +1,8 @@
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
 import Foundation
+#endif
 
 /// A patch of a flow's code as the runs' histories show it (`hopctl patches`).
 public struct PatchUsage: Sendable, Equatable, Codable {

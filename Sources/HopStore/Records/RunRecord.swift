@@ -1,4 +1,8 @@
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
 import Foundation
+#endif
 
 /// One run of a flow for a subject.
 public struct RunRecord: Sendable, Equatable, Codable {

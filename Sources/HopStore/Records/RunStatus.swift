@@ -1,4 +1,8 @@
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
 import Foundation
+#endif
 
 /// Where a run stands.
 public enum RunStatus: String, Sendable, Codable, CaseIterable {

@@ -1,4 +1,8 @@
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
 import Foundation
+#endif
 
 /// A stored change that finishes a parked step without an explicit unhop.
 public enum WakeCondition: String, Sendable, Codable {

@@ -1,5 +1,13 @@
 internal import CSQLite
+
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
 import Foundation
+#endif
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// One SQLite connection: opened with Hop's pragmas, its statements cached.
 ///

@@ -1,4 +1,8 @@
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
 import Foundation
+#endif
 
 #if canImport(Glibc)
 import Glibc
@@ -90,7 +94,7 @@ enum DatabaseFile {
     }
 
     private static func createFile(_ path: String) throws -> Bool {
-        let folder = (path as NSString).deletingLastPathComponent
+        let folder = DatabaseLocation.folder(of: path)
         if !folder.isEmpty {
             do {
                 try FileManager.default.createDirectory(
@@ -98,7 +102,7 @@ enum DatabaseFile {
             } catch {
                 throw HopError(
                     .cannotOpen, operation: "create database", path: path,
-                    reason: "its folder \(folder) cannot be created (\(error.localizedDescription))",
+                    reason: "its folder \(folder) cannot be created (\(error))",
                     hint: "Create the folder, or choose a writable path with --db or $HOP_DB")
             }
         }

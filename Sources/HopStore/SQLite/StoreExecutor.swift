@@ -1,4 +1,11 @@
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
 import Foundation
+#endif
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// A serial executor that runs a ``HopStore``'s work on a thread of its own.
 ///
@@ -6,15 +13,14 @@ import Foundation
 /// Running them here keeps them off Swift's cooperative pool.
 final class StoreExecutor: SerialExecutor, @unchecked Sendable {
     // @unchecked: `queue` and `stopping` are only touched while `condition` is locked.
-    private let condition = NSCondition()
+    private let condition = ThreadCondition()
     private var queue: [UnownedJob] = []
     private var blocks: [() -> Void] = []
     private var stopping = false
 
-    init(name: String) {
-        let thread = Thread { [self] in self.loop() }
-        thread.name = name
-        thread.start()
+    /// - Throws: when the system refuses a new thread (too many threads or processes).
+    init(name: String) throws {
+        try startThread(named: name) { [self] in self.loop() }
     }
 
     func enqueue(_ job: consuming ExecutorJob) {
@@ -75,4 +81,56 @@ final class StoreExecutor: SerialExecutor, @unchecked Sendable {
             for job in jobs { job.runSynchronously(on: asUnownedSerialExecutor()) }
         }
     }
+}
+
+/// A mutex and its condition variable (pthread's), for the store's thread and those handing it work.
+final class ThreadCondition: @unchecked Sendable {
+    // @unchecked: the pthread objects are used only through their own locking calls.
+    private let mutex = UnsafeMutablePointer<pthread_mutex_t>.allocate(capacity: 1)
+    private let variable = UnsafeMutablePointer<pthread_cond_t>.allocate(capacity: 1)
+
+    init() {
+        pthread_mutex_init(mutex, nil)
+        pthread_cond_init(variable, nil)
+    }
+
+    deinit {
+        pthread_cond_destroy(variable)
+        pthread_mutex_destroy(mutex)
+        variable.deallocate()
+        mutex.deallocate()
+    }
+
+    func lock() { pthread_mutex_lock(mutex) }
+    func unlock() { pthread_mutex_unlock(mutex) }
+    /// Waits, with the lock held, until signalled (or spuriously woken: check the condition again).
+    func wait() { pthread_cond_wait(variable, mutex) }
+    func signal() { pthread_cond_signal(variable) }
+}
+
+/// Starts a detached thread that runs `body`; `name` says whose it is in an error.
+private func startThread(named name: String, _ body: @escaping @Sendable () -> Void) throws {
+    final class Box {
+        let body: @Sendable () -> Void
+        init(_ body: @escaping @Sendable () -> Void) { self.body = body }
+    }
+    let context = Unmanaged.passRetained(Box(body)).toOpaque()
+    var thread = pthread_t()
+    let started = pthread_create(
+        &thread, nil,
+        { context in
+            guard let context else { return nil }
+            let box = Unmanaged<Box>.fromOpaque(context).takeRetainedValue()
+            box.body()
+            return nil
+        }, context)
+    guard started == 0 else {
+        Unmanaged<Box>.fromOpaque(context).release()
+        throw HopError(
+            .cannotOpen, operation: "open", path: "",
+            reason:
+                "the thread \(name) cannot be started (pthread_create returned \(started): the system limits threads)",
+            hint: "Raise the process's thread limit (ulimit -u, systemd TasksMax=) or run fewer processes")
+    }
+    pthread_detach(thread)
 }

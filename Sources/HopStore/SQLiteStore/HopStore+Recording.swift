@@ -1,4 +1,8 @@
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
 import Foundation
+#endif
 
 /// Recording what a run does, one history entry per transaction: hops, their ends, decisions,
 /// timers, effects and errors. Each write is fenced by the run's owner.

@@ -1,4 +1,8 @@
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
 import Foundation
+#endif
 
 /// Reading runs and their histories: what `hopctl` shows and what an engine replays.
 extension HopStore {

@@ -1,5 +1,10 @@
-import Foundation
 import Logging
+
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
+import Foundation
+#endif
 
 /// Hop's persistent state in one SQLite file: runs and their hop history, first-use flags,
 /// stored sessions and facts.
@@ -88,7 +93,7 @@ public actor HopStore {
         logger: Logger = Logger(label: "hop.store", factory: { _ in SwiftLogNoOpLogHandler() })
     ) async throws -> HopStore {
         let path = path ?? DatabaseLocation.defaultPath()
-        let executor = StoreExecutor(name: "hop.store")
+        let executor = try StoreExecutor(name: "hop.store")
         do {
             return try await executor.perform {
                 let connection = try Connection(

@@ -1,4 +1,8 @@
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
 import Foundation
+#endif
 
 /// One write transaction of the store, handed to the code that must run inside one (as GRDB
 /// hands its `Database` to a write block): the helpers that read and change runs within the

@@ -46,7 +46,7 @@ struct Graph: AsyncParsableCommand {
             if let id = ids[step] { return id }
             let id = "n\(ids.count + 1)"
             ids[step] = id
-            let label = Output.printable(step).replacingOccurrences(of: "\"", with: "#quot;")
+            let label = Output.printable(step).replacing("\"", with: "#quot;")
             lines.append("    \(id)[\"\(label)\"]")
             return id
         }
@@ -61,8 +61,8 @@ struct Graph: AsyncParsableCommand {
     private func dot(_ edges: [HopEdge]) -> String {
         func quoted(_ text: String) -> String {
             "\""
-                + Output.printable(text).replacingOccurrences(of: "\\", with: "\\\\").replacingOccurrences(
-                    of: "\"", with: "\\\"") + "\""
+                + Output.printable(text).replacing("\\", with: "\\\\").replacing(
+                    "\"", with: "\\\"") + "\""
         }
         var lines = ["digraph \(quoted(flow)) {", "    rankdir=LR;", "    \"(start)\" [shape=circle];"]
         for edge in edges {

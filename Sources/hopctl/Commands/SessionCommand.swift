@@ -1,6 +1,14 @@
 import ArgumentParser
-import Foundation
 import HopStore
+
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
+import Foundation
+#endif
+#if canImport(Glibc)
+import Glibc
+#endif
 
 struct SessionCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
@@ -74,7 +82,7 @@ struct SessionCommand: AsyncParsableCommand {
         /// The token on standard input: UTF-8 exactly as given (never repaired), without its
         /// trailing newline, 1 to 4096 bytes. Its content never appears in an error.
         static func readToken() throws -> String {
-            var bytes = [UInt8](FileHandle.standardInput.readDataToEndOfFile())
+            var bytes = StandardStream.readInput(limit: .max) ?? []
             while let last = bytes.last, last == 0x0A || last == 0x0D { bytes.removeLast() }
             guard !bytes.isEmpty else {
                 throw UsageError(

@@ -1,6 +1,11 @@
 import ArgumentParser
-import Foundation
 import HopStore
+
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
+import Foundation
+#endif
 
 extension RunStatus: ExpressibleByArgument {}
 

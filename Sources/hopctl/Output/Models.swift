@@ -1,5 +1,10 @@
-import Foundation
 import HopStore
+
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
+import Foundation
+#endif
 
 // The JSON that hopctl prints with --json. Field names are part of hopctl's contract (README, "hopctl --json").
 

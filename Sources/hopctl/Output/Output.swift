@@ -1,4 +1,11 @@
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
 import Foundation
+#endif
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// Writes hopctl's results: aligned tables for people, JSON for scripts.
 enum Output {
@@ -12,7 +19,7 @@ enum Output {
         var text = ""
         for row in all {
             let cells = row.enumerated().map { index, cell in
-                index == row.count - 1 ? cell : cell.padding(toLength: widths[index], withPad: " ", startingAt: 0)
+                index == row.count - 1 ? cell : cell + String(repeating: " ", count: max(0, widths[index] - cell.count))
             }
             text += cells.joined(separator: "  ") + "\n"
         }
@@ -31,7 +38,7 @@ enum Output {
 
     /// Prints one line of text for people.
     static func line(_ text: String, terminator: String = "\n") {
-        FileHandle.standardOutput.write(Data((text + terminator).utf8))
+        StandardStream.write(text + terminator, to: STDOUT_FILENO)
     }
 
     /// `text` with control characters shown as escapes, so stored data cannot drive the terminal.
@@ -68,6 +75,39 @@ enum Output {
 
     /// Prints a note to standard error.
     static func note(_ text: String) {
-        FileHandle.standardError.write(Data((printable(text) + "\n").utf8))
+        StandardStream.write(printable(text) + "\n", to: STDERR_FILENO)
+    }
+}
+
+/// Standard output, error and input, written and read with the system's calls: hopctl does not
+/// load Foundation (its start is most of a command's time).
+enum StandardStream {
+    /// Writes all of `text` to `descriptor`, retrying interrupted and partial writes.
+    static func write(_ text: String, to descriptor: Int32) {
+        var bytes = Array(text.utf8)[...]
+        while !bytes.isEmpty {
+            let written = bytes.withUnsafeBytes { Glibc.write(descriptor, $0.baseAddress, $0.count) }
+            if written < 0 {
+                if errno == EINTR { continue }
+                return  // a closed pipe: nothing more can be said
+            }
+            bytes = bytes.dropFirst(written)
+        }
+    }
+
+    /// Everything on standard input until it closes, at most `limit` bytes (then `nil`).
+    static func readInput(limit: Int) -> [UInt8]? {
+        var bytes: [UInt8] = []
+        var buffer = [UInt8](repeating: 0, count: 4096)
+        while true {
+            let count = buffer.withUnsafeMutableBytes { Glibc.read(STDIN_FILENO, $0.baseAddress, $0.count) }
+            if count < 0 {
+                if errno == EINTR { continue }
+                return bytes
+            }
+            if count == 0 { return bytes }
+            bytes += buffer[..<count]
+            if bytes.count > limit { return nil }
+        }
     }
 }
