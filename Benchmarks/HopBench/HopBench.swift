@@ -25,6 +25,7 @@ struct HopBench: AsyncParsableCommand {
     static let targets: [String: (atLeast: Double?, atMost: Double?)] = [
         "durable-hops.ratio": (0.90, nil),
         "concurrent-hops.ratio": (5, nil),
+        "startup-flow.sequential.ratio": (0.85, nil),
         "resume.seconds": (nil, 2),
         "resume.peak-memory": (nil, 256),
         "hopctl.status.median": (nil, 20),

@@ -149,6 +149,9 @@ struct Scenarios {
         let sequentialSeconds = try await Measure.seconds {
             for index in 0..<sequential { try await flow("sequential-\(index)") }
         }
+        // The floor: the same facts by hand, one transaction per step boundary, on the same disk.
+        let raw = try await RawStartupFlow(path: path("\(prefix)-raw.sqlite"), durability: durability)
+        let rawSeconds = try await raw.flows(sequential, prefix: "sequential")
         let concurrentSeconds = try await Measure.seconds {
             try await withThrowingTaskGroup(of: Void.self) { group in
                 for index in 0..<concurrent {
@@ -162,6 +165,8 @@ struct Scenarios {
         return [
             Figure("\(prefix).sequential.flows", Double(sequential) / sequentialSeconds, "flows/s"),
             Figure("\(prefix).sequential.hops", Double(sequential) * hopsPerFlow / sequentialSeconds, "hops/s"),
+            Figure("\(prefix).sequential.raw", Double(sequential) / rawSeconds, "flows/s"),
+            Figure("\(prefix).sequential.ratio", rawSeconds / sequentialSeconds, "x"),
             Figure("\(prefix).concurrent-100.flows", Double(concurrent) / concurrentSeconds, "flows/s"),
             Figure("\(prefix).concurrent-100.hops", Double(concurrent) * hopsPerFlow / concurrentSeconds, "hops/s"),
         ]
