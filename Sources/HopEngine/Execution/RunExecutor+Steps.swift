@@ -84,8 +84,7 @@ extension RunExecutor {
         }
         let final = attempt >= retry.maxAttempts
         let message = "attempt \(attempt) of \(retry.maxAttempts): \(error)"
-        let (storage, runID, owner) = (storage, run.id, environment.owner)
-        try await record(final ? .fail : .error, step) {
+        try await record(final ? .fail : .error, step) { storage, runID, owner in
             try await storage.recordError(runID: runID, step: step, message: message, final: final, owner: owner)
         }
         if final {
@@ -134,9 +133,8 @@ extension RunExecutor {
     /// Records that `step` timed out; if it unhopped in the meantime, returns its output instead.
     private func timeOut(step: String, token: String, unhop: StepUnhop) async throws -> StepOutput? {
         if unhop.result.unhopped { return StepOutput(json: unhop.result.output) }
-        let (storage, runID, owner) = (storage, run.id, environment.owner)
         do {
-            try await record(.timeout, step) {
+            try await record(.timeout, step) { storage, runID, owner in
                 try await storage.recordTimeout(runID: runID, token: token, owner: owner)
             }
             return nil

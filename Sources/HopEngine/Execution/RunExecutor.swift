@@ -117,8 +117,8 @@ final class RunExecutor: FlowExecution {
         let deadline = timeout.map { Date().addingTimeInterval(Self.seconds($0)) }
         // Parking gives the run up: from its commit on, no engine holds it, which is no loss.
         if parks { environment.holdings.withLock { _ = $0.held.remove(run.id) } }
-        let (storage, runID, owner, recordedFrom) = (storage, run.id, environment.owner, hook == nil ? nil : from)
-        let entry = try await record(.hop, step) {
+        let recordedFrom = hook == nil ? nil : from
+        let entry = try await record(.hop, step) { storage, runID, owner in
             try await storage.recordHop(
                 runID: runID, step: step, from: recordedFrom, parks: parks, wakeOn: wakeOn, deadline: deadline,
                 owner: owner)
@@ -149,8 +149,7 @@ final class RunExecutor: FlowExecution {
             deadline = Date(timeIntervalSince1970: Double(milliseconds) / 1000)
         } else {
             deadline = Date().addingTimeInterval(Self.seconds(duration))
-            let (storage, runID, owner) = (storage, run.id, environment.owner)
-            try await record(.timer, name) {
+            try await record(.timer, name) { storage, runID, owner in
                 try await storage.recordTimer(runID: runID, name: name, deadline: deadline, owner: owner)
             }
         }
@@ -165,8 +164,8 @@ final class RunExecutor: FlowExecution {
                 T.self, from: recorded.value ?? "null", what: "the recorded decision '\(name)'")
         }
         let value = try await read()
-        let (storage, runID, owner, json) = (storage, run.id, environment.owner, try JSONCoding.encode(value))
-        try await record(.decision, name) {
+        let json = try JSONCoding.encode(value)
+        try await record(.decision, name) { storage, runID, owner in
             try await storage.recordDecision(runID: runID, name: name, value: json, owner: owner)
         }
         return value
@@ -174,16 +173,14 @@ final class RunExecutor: FlowExecution {
 
     /// Whether the subject has never used `feature`, read once and recorded as a decision.
     func isFirstUse(_ feature: String) async throws -> Bool {
-        let (storage, subject) = (storage, run.subject)
-        return try await decide(Self.firstUseDecision(feature)) {
+        try await decide(Self.firstUseDecision(feature)) { [storage, subject = run.subject] in
             try await storage.isFirstUse(subject: subject, feature: feature)
         }
     }
 
     /// The subject's session without its token, read once and recorded as a decision.
     func session() async throws -> SessionInfo? {
-        let (storage, subject) = (storage, run.subject)
-        return try await decide(Self.sessionDecision) {
+        try await decide(Self.sessionDecision) { [storage, subject = run.subject] in
             try await storage.session(subject: subject).map {
                 SessionInfo(userID: $0.userID, createdAt: $0.createdAt, expiresAt: $0.expiresAt)
             }
@@ -192,15 +189,17 @@ final class RunExecutor: FlowExecution {
 
     /// The daemon's fact `key` about the subject, read once and recorded as a decision.
     func fact(_ key: String) async throws -> String? {
-        let (storage, subject) = (storage, run.subject)
-        return try await decide(Self.factDecision(key)) { try await storage.fact(subject: subject, key: key) }
+        try await decide(Self.factDecision(key)) { [storage, subject = run.subject] in
+            try await storage.fact(subject: subject, key: key)
+        }
     }
 
     /// Which branch of patch `name` the run takes: the replayed one, or the new one, recorded.
     func patched(_ name: String) async throws -> Bool {
         if let replayed = try replay.withLock({ try $0.consumePatch(name) }) { return replayed }
-        let (storage, runID, owner) = (storage, run.id, environment.owner)
-        try await record(.patch, name) { try await storage.recordPatch(runID: runID, name: name, owner: owner) }
+        try await record(.patch, name) { storage, runID, owner in
+            try await storage.recordPatch(runID: runID, name: name, owner: owner)
+        }
         return true
     }
 
@@ -208,8 +207,7 @@ final class RunExecutor: FlowExecution {
     func markUsed(_ feature: String) async throws {
         let name = markUsedEffectName(feature)
         if try replay.withLock({ try $0.consume(.effect, name) }) != nil { return }
-        let (storage, runID, owner) = (storage, run.id, environment.owner)
-        try await record(.effect, name) {
+        try await record(.effect, name) { storage, runID, owner in
             try await storage.markUsed(runID: runID, feature: feature, owner: owner)
         }
     }
@@ -221,18 +219,20 @@ final class RunExecutor: FlowExecution {
 
     // MARK: Recording
 
-    /// Commits one history entry through `commit`, telling the observer before and after.
+    /// Commits one history entry through `commit`, handed the storage, the run's id and this
+    /// engine's owner value, telling the observer before and after.
     /// A refusal because the run was finished or taken over elsewhere stops this execution.
     @discardableResult
     @inline(never)
     func record(
-        _ kind: HistoryKind, _ name: String?, _ commit: @Sendable () async throws -> HistoryEntry
+        _ kind: HistoryKind, _ name: String?,
+        _ commit: @Sendable (_ storage: any HopStorage, _ runID: Int64, _ owner: String) async throws -> HistoryEntry
     ) async throws -> HistoryEntry {
         let ref = environment.ref(run)
         environment.notify(.willRecord(run: ref, kind: kind, step: name))
         let entry: HistoryEntry
         do {
-            entry = try await commit()
+            entry = try await commit(storage, run.id, environment.owner)
         } catch let error as HopError where error.code == .refused {
             try await stopIfFinishedElsewhere()
             throw error
@@ -263,8 +263,9 @@ final class RunExecutor: FlowExecution {
     @inline(never)
     private func complete() async throws {
         try replay.withLock { try $0.finish() }
-        let (storage, runID, owner) = (storage, run.id, environment.owner)
-        try await record(.complete, nil) { try await storage.completeRun(runID: runID, owner: owner) }
+        try await record(.complete, nil) { storage, runID, owner in
+            try await storage.completeRun(runID: runID, owner: owner)
+        }
         environment.logger(for: run).info("run completed")
     }
 
@@ -273,7 +274,6 @@ final class RunExecutor: FlowExecution {
     private func settle(after error: any Error) async -> Settlement {
         let logger = environment.logger(for: run)
         if environment.holdings.withLock({ $0.lost.contains(run.id) }) { return .settled }  // said once, when lost
-        let (storage, runID, owner) = (storage, run.id, environment.owner)
         switch error {
         case Suspension.parked(let step):
             logger.debug("run parked on an external step", metadata: ["hop.step": "\(step)"])
@@ -285,11 +285,11 @@ final class RunExecutor: FlowExecution {
             logger.info("run was finished or taken over elsewhere; stopped executing it, writing nothing more")
         case _ where Task.isCancelled:
             logger.info("stopped executing run; it stays resumable")
-            try? await storage.release(runID: runID, owner: owner)
+            try? await storage.release(runID: run.id, owner: environment.owner)
         case let error as HopError where error.code == .diverged:
             environment.metrics.divergences.increment()
             logger.error("run diverged", metadata: ["hop.error": "\(error)"])
-            _ = try? await record(.diverge, nil) {
+            _ = try? await record(.diverge, nil) { storage, runID, owner in
                 try await storage.divergeRun(runID: runID, step: nil, message: error.reason, owner: owner)
             }
         case let error as HopError where error.code == .stepFailed:
@@ -297,12 +297,13 @@ final class RunExecutor: FlowExecution {
         case let error as HopError where error.isDatabaseFailure:
             // The database failed (busy, I/O): nothing was recorded, so the run stays resumable.
             logger.error("run stopped by a database error; it stays resumable", metadata: ["hop.error": "\(error)"])
-            try? await storage.release(runID: runID, owner: owner)
+            try? await storage.release(runID: run.id, owner: environment.owner)
         default:
             logger.error("run failed", metadata: ["hop.error": "\(error)"])
-            if let current = try? await storage.run(id: runID), current.status.isUnfinished {
+            if let current = try? await storage.run(id: run.id), current.status.isUnfinished {
                 _ = try? await storage.recordError(
-                    runID: runID, step: current.currentStep, message: "\(error)", final: true, owner: owner)
+                    runID: run.id, step: current.currentStep, message: "\(error)", final: true, owner: environment.owner
+                )
             }
         }
         return .settled

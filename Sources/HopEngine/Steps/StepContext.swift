@@ -78,8 +78,7 @@ final class StepUnhop: Sendable {
     }
 
     func unhop(output: String?) async throws {
-        let (storage, runID, token, owner) = (executor.storage, executor.run.id, token, executor.environment.owner)
-        try await executor.record(.unhop, step) {
+        try await executor.record(.unhop, step) { [token] storage, runID, owner in
             try await storage.recordUnhop(runID: runID, token: token, output: output, owner: owner)
         }
         executor.environment.metrics.unhops.increment()
