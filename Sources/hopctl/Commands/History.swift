@@ -70,8 +70,14 @@ struct History: AsyncParsableCommand {
                     run: RunJSON(record),
                     entries: entries.map(HistoryJSON.Entry.init)))
         }
+        Self.printTable(record, entries)
+    }
+
+    /// One run's history for people: a line naming the run, then a table of its entries.
+    private static func printTable(_ run: RunRecord, _ entries: [HistoryEntry]) {
         Output.line(
-            "run \(record.id) of \(Output.printable(flow)) for \(Output.printable(subject)): \(record.status.rawValue)")
+            "run \(run.id) of \(Output.printable(run.flow)) for \(Output.printable(run.subject)): \(run.status.rawValue)"
+        )
         Output.table(
             ["SEQ", "KIND", "STEP", "VALUE", "AT"],
             entries.map {
@@ -93,18 +99,6 @@ struct History: AsyncParsableCommand {
                     HistoryJSON(run: RunJSON($0), entries: (histories[$0.id] ?? []).map(HistoryJSON.Entry.init))
                 })
         }
-        for run in runs {
-            Output.line(
-                "run \(run.id) of \(Output.printable(flow)) for \(Output.printable(run.subject)): \(run.status.rawValue)"
-            )
-            Output.table(
-                ["SEQ", "KIND", "STEP", "VALUE", "AT"],
-                (histories[run.id] ?? []).map {
-                    [
-                        "\($0.seq)", $0.kind.rawValue, $0.step ?? "-", Output.abbreviated($0.value ?? ""),
-                        Output.relative($0.at),
-                    ]
-                })
-        }
+        for run in runs { Self.printTable(run, histories[run.id] ?? []) }
     }
 }
