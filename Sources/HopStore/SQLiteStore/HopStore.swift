@@ -121,12 +121,6 @@ public actor HopStore {
         }
     }
 
-    /// A number that changes whenever another connection commits to the database
-    /// (`PRAGMA data_version`): a cheap way to notice changes made by other processes.
-    package func dataVersion() throws -> Int64 {
-        try connection.queryOne("PRAGMA data_version", [], operation: "read data version") { $0.int64(0) } ?? 0
-    }
-
     /// Runs SQLite's `PRAGMA integrity_check`; `["ok"]` for a sound database.
     public func integrityCheck() throws -> [String] {
         try connection.query("PRAGMA integrity_check", [], operation: "check integrity") { $0.text(0) }
@@ -161,6 +155,9 @@ extension HopStore: HopStorage {
     /// The database file.
     package nonisolated var location: String { path }
 
-    /// ``dataVersion()``: SQLite counts other connections' commits.
-    package func changeVersion() throws -> Int64 { try dataVersion() }
+    /// A number that changes whenever another connection commits to the database
+    /// (`PRAGMA data_version`): a cheap way to notice changes made by other processes.
+    package func changeVersion() throws -> Int64 {
+        try connection.queryOne("PRAGMA data_version", [], operation: "read data version") { $0.int64(0) } ?? 0
+    }
 }
