@@ -58,3 +58,109 @@ extension HopStore {
         #expect(try await store.integrityCheck() == ["ok"])
     }
 }
+
+/// Coalesced writes: applied at once and seen by the store that wrote them, durable with the
+/// next durable write or `commitDelay` later, undone alone when they fail.
+@Suite struct CoalescedWriteTests {
+    /// A store whose coalesced writes wait for a durable write (the delay is far longer than a test).
+    static func holdingStore(_ folder: TemporaryDirectory) async throws -> HopStore {
+        var options = HopStore.Options()
+        options.commitDelay = .seconds(600)
+        return try await HopStore.open(path: folder.database, options: options)
+    }
+
+    /// Another connection to the same file: what another process sees.
+    static func elsewhere(_ folder: TemporaryDirectory) async throws -> HopStore {
+        try await HopStore.open(path: folder.database, options: HopStore.Options(migrate: false))
+    }
+
+    @Test func aCoalescedWriteIsSeenHereAtOnceAndElsewhereWithTheNextDurableWrite() async throws {
+        let folder = try TemporaryDirectory()
+        let store = try await Self.holdingStore(folder)
+        let run = try await store.startRun(flow: "f", subject: "s", version: "1").run
+        let other = try await Self.elsewhere(folder)
+        let before = await store.commitStatistics
+
+        try await store.recordDecision(runID: run.id, name: "a", value: "1", durability: .coalesced)
+        try await store.markUsed(runID: run.id, feature: "onboarding", durability: .coalesced)
+        #expect(try await store.history(runID: run.id).map(\.kind) == [.decision, .effect])
+        #expect(try await store.isFirstUse(subject: "s", feature: "onboarding") == false)
+        #expect(try await other.history(runID: run.id).isEmpty, "another connection saw an uncommitted write")
+        #expect(try await other.isFirstUse(subject: "s", feature: "onboarding"))
+
+        try await store.recordHop(runID: run.id, step: "next")
+        #expect(try await other.history(runID: run.id).map(\.kind) == [.decision, .effect, .hop])
+        #expect(try await other.isFirstUse(subject: "s", feature: "onboarding") == false)
+        let after = await store.commitStatistics
+        #expect(after.transactions - before.transactions == 1, "the hop did not carry the coalesced writes")
+        #expect(after.writes - before.writes == 3)
+    }
+
+    @Test func withNothingElseToCommitThemCoalescedWritesCommitWithinTheDelay() async throws {
+        let folder = try TemporaryDirectory()
+        let store = try await HopStore.open(path: folder.database)  // the default delay: 2 ms
+        let run = try await store.startRun(flow: "f", subject: "s", version: "1").run
+        let other = try await Self.elsewhere(folder)
+        try await store.recordDecision(runID: run.id, name: "a", value: "1", durability: .coalesced)
+        try await waitUntil("another connection sees the decision", timeout: .seconds(10)) {
+            try await other.history(runID: run.id).count == 1
+        }
+    }
+
+    @Test func makeDurableCommitsNowAndWaitUntilDurableReturnsOnceCommitted() async throws {
+        let folder = try TemporaryDirectory()
+        let store = try await Self.holdingStore(folder)
+        let run = try await store.startRun(flow: "f", subject: "s", version: "1").run
+        let other = try await Self.elsewhere(folder)
+
+        try await store.recordDecision(runID: run.id, name: "a", value: "1", durability: .coalesced)
+        try await store.makeDurable()
+        #expect(try await other.history(runID: run.id).count == 1)
+
+        try await store.recordDecision(runID: run.id, name: "b", value: "2", durability: .coalesced)
+        async let waited: Void = store.waitUntilDurable()
+        try await store.recordHop(runID: run.id, step: "next")  // commits it
+        try await waited
+        #expect(try await other.history(runID: run.id).map(\.step) == ["a", "b", "next"])
+        try await store.makeDurable()  // nothing open: nothing to do
+    }
+
+    @Test func aFailingCoalescedWriteIsUndoneAloneAndChangesNothing() async throws {
+        let folder = try TemporaryDirectory()
+        let store = try await Self.holdingStore(folder)
+        let run = try await store.startRun(flow: "f", subject: "s", version: "1").run
+        try await store.recordDecision(runID: run.id, name: "kept", value: "1", durability: .coalesced)
+        await #expect(throws: HopError.self) {
+            try await store.write(.coalesced, "write then fail", runID: run.id) { tx in
+                try tx.append(runID: run.id, .decision, step: "half-written", value: "2", operation: "write then fail")
+                throw tx.refuse(.refused, "write then fail", "failing on purpose")
+            }
+        }
+        await #expect(throws: HopError.self) {
+            try await store.recordUnhop(runID: run.id, token: "stale", owner: nil, durability: .coalesced)
+        }
+        try await store.recordDecision(runID: run.id, name: "after", value: "3", durability: .coalesced)
+        try await store.makeDurable()
+        let other = try await Self.elsewhere(folder)
+        #expect(try await other.history(runID: run.id).map(\.step) == ["kept", "after"])
+        #expect(try await other.integrityCheck() == ["ok"])
+    }
+
+    @Test func aWriteOfARunWhoseCoalescedWritesWereLostIsRefusedUntilTheRunIsClaimedAgain() async throws {
+        let folder = try TemporaryDirectory()
+        let store = try await Self.holdingStore(folder)
+        let run = try await store.startRun(flow: "f", subject: "s", version: "1").run
+        await store.markLost([run.id])
+        let refused = await #expect(throws: HopError.self) {
+            try await store.recordDecision(runID: run.id, name: "a", value: "1", owner: nil, durability: .now)
+        }
+        #expect(refused?.code == .ioFailure && "\(refused.map { "\($0)" } ?? "")".contains("lost"))
+        #expect(try await store.history(runID: run.id).isEmpty)
+        _ = try await store.claim(runID: run.id, owner: "engine", until: Date().addingTimeInterval(60))
+        try await store.recordDecision(runID: run.id, name: "a", value: "1", owner: "engine", durability: .now)
+    }
+}
+
+extension HopStore {
+    fileprivate func markLost(_ runIDs: [Int64]) { lostRuns.formUnion(runIDs) }
+}

@@ -32,6 +32,11 @@ extension HopEngine: Service {
             await self.watch()
         }
         await stopExecuting()
+        do {
+            try await storage.makeDurable()
+        } catch {
+            logger.error("the last records could not be committed", metadata: ["hop.error": "\(error)"])
+        }
         logger.info("engine stopped; unfinished runs stay resumable")
     }
 

@@ -97,7 +97,11 @@ public actor HopEngine {
     // MARK: Starting and steering runs
 
     /// Starts a run of `flow` for `subject`, or resumes its unfinished run, and executes it
-    /// in the background. Returns the run as stored.
+    /// in the background. Returns the run as stored, once it is durable.
+    ///
+    /// A new run is written together with its first hop (one commit, not two): the run begins
+    /// executing at once, and this call returns when that commit is done (at the latest a few
+    /// milliseconds after the run was written, whatever the flow body does first).
     ///
     /// - Parameters:
     ///   - flow: the registered flow's name.
@@ -118,10 +122,28 @@ public actor HopEngine {
                 .notRegistered,
                 "no flow is registered under '\(flow)': register it with engine.register(Flow(\"\(flow)\", …))")
         }
-        let (run, created) = try await storage.startRun(flow: flow, subject: subject, version: definition.version)
-        if created { logger.info("started run", metadata: environment.metadata(run)) }
-        if run.status == .running { execute(run) }
+        let (run, created) = try await storage.startRun(
+            flow: flow, subject: subject, version: definition.version, owner: id, until: environment.leaseEnd,
+            durability: .coalesced)
+        if created {
+            logger.info("started run", metadata: environment.metadata(run))
+            execute(run, claimed: [])  // held by this engine since it was written, with no history
+        } else if run.status == .running {
+            execute(run)
+        }
+        try await storage.waitUntilDurable()
         return run
+    }
+
+    /// Makes every record applied so far durable now.
+    ///
+    /// The engine commits a run's decisions, effects (``FlowContext/markUsed(_:)``) and its
+    /// steps' unhops with the run's next hop, parking, timer or completion, or a few
+    /// milliseconds later, whichever comes first, rather than each in a commit of its own (see
+    /// the README's "Durability"). Call this when something outside must be able to rely on
+    /// them now, or before the process exits on its own (``run()`` does it when it stops).
+    public func makeDurable() async throws {
+        try await storage.makeDurable()
     }
 
     /// Finishes the step that the unfinished run of `flow` for `subject` has in flight, with
@@ -135,7 +157,8 @@ public actor HopEngine {
             throw HopError(.refused, "there is no unfinished run of flow '\(flow)' for subject '\(subject)' to unhop")
         }
         let json = try output.map { try JSONCoding.encode($0) }
-        let entry = try await storage.recordUnhop(runID: run.id, token: token, output: json, owner: nil)
+        let entry = try await storage.recordUnhop(
+            runID: run.id, token: token, output: json, owner: nil, durability: .now)
         environment.metrics.unhops.increment()
         environment.notify(.recorded(run: environment.ref(run), event: entry))
         if let updated = try await storage.run(id: run.id) { execute(updated) }

@@ -166,7 +166,8 @@ final class RunExecutor: FlowExecution {
         let value = try await read()
         let json = try JSONCoding.encode(value)
         try await record(.decision, name) { storage, runID, owner in
-            try await storage.recordDecision(runID: runID, name: name, value: json, owner: owner)
+            try await storage.recordDecision(
+                runID: runID, name: name, value: json, owner: owner, durability: .coalesced)
         }
         return value
     }
@@ -198,7 +199,7 @@ final class RunExecutor: FlowExecution {
     func patched(_ name: String) async throws -> Bool {
         if let replayed = try replay.withLock({ try $0.consumePatch(name) }) { return replayed }
         try await record(.patch, name) { storage, runID, owner in
-            try await storage.recordPatch(runID: runID, name: name, owner: owner)
+            try await storage.recordPatch(runID: runID, name: name, owner: owner, durability: .coalesced)
         }
         return true
     }
@@ -208,8 +209,13 @@ final class RunExecutor: FlowExecution {
         let name = markUsedEffectName(feature)
         if try replay.withLock({ try $0.consume(.effect, name) }) != nil { return }
         try await record(.effect, name) { storage, runID, owner in
-            try await storage.markUsed(runID: runID, feature: feature, owner: owner)
+            try await storage.markUsed(runID: runID, feature: feature, owner: owner, durability: .coalesced)
         }
+    }
+
+    /// Commits every record of this run (and of every other) applied so far.
+    func makeDurable() async throws {
+        try await storage.makeDurable()
     }
 
     /// Stops this execution: every later call of the body throws `error`.
@@ -264,7 +270,8 @@ final class RunExecutor: FlowExecution {
     private func complete() async throws {
         try replay.withLock { try $0.finish() }
         try await record(.complete, nil) { storage, runID, owner in
-            try await storage.completeRun(runID: runID, owner: owner)
+            // The run's end is a durable boundary: a completed run is durable once it settles.
+            try await storage.completeRun(runID: runID, owner: owner, durability: .now)
         }
         environment.logger(for: run).info("run completed")
     }

@@ -71,6 +71,9 @@ public final class FlowContext: Sendable {
     /// - Parameters:
     ///   - name: unique within the run's path, e.g. `"terms-accepted"`.
     ///   - read: reads the condition; called only when the history does not hold its value.
+    ///
+    /// The decision is durable with the run's next hop, or a few milliseconds later: a crash
+    /// before that reads it again when the run resumes.
     public func decide<T: Codable & Sendable>(_ name: String, _ read: @Sendable () async throws -> T) async throws -> T
     {
         try await executor.decide(name, read)
@@ -117,7 +120,22 @@ public final class FlowContext: Sendable {
     // MARK: Effects
 
     /// Marks `feature` used by the subject, exactly once for this run (recorded with the flag, in one transaction).
+    ///
+    /// Returns once the flag is set and seen by this engine; it is durable, and seen by other
+    /// processes, with the run's next hop (or a few milliseconds later): call ``makeDurable()``
+    /// after it when another process must see the flag at once.
     public func markUsed(_ feature: String) async throws {
         try await executor.markUsed(feature)
+    }
+
+    // MARK: Durability
+
+    /// Makes every record of the run so far durable now — its decisions, patch markers, effects
+    /// and unhops, which otherwise become durable with its next hop or a few milliseconds later.
+    ///
+    /// Call it before the flow body tells the outside world about something it recorded: then
+    /// a crash can no longer undo it.
+    public func makeDurable() async throws {
+        try await executor.makeDurable()
     }
 }

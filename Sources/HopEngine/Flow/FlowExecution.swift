@@ -17,6 +17,7 @@ protocol FlowExecution: Sendable {
     func fact(_ key: String) async throws -> String?
     func patched(_ name: String) async throws -> Bool
     func markUsed(_ feature: String) async throws
+    func makeDurable() async throws
 }
 
 extension FlowExecution {

@@ -94,6 +94,8 @@ final class DryExecution: FlowExecution {
         return taken
     }
 
+    func makeDurable() async throws {}
+
     func markUsed(_ feature: String) async throws {
         guard try replay.withLock({ try $0.consume(.effect, markUsedEffectName(feature)) }) != nil else {
             throw Frontier()

@@ -25,6 +25,10 @@ public struct StepContext: Sendable {
     let unhop: StepUnhop
 
     /// Reports that the step finished, with no output.
+    ///
+    /// The unhop is seen by the engine at once and durable with the run's next hop, or a few
+    /// milliseconds later: a crash before that runs the step again (at least once). Call
+    /// ``makeDurable()`` after it before the step does something that must not be repeated.
     public func unhop() async throws {
         try await unhop.unhop(output: nil)
     }
@@ -33,6 +37,11 @@ public struct StepContext: Sendable {
     /// returned by the flow's ``FlowContext/hop(to:timeout:transition:)``).
     public func unhop(output: some Encodable & Sendable) async throws {
         try await unhop.unhop(output: try JSONCoding.encode(output))
+    }
+
+    /// Makes the run's records so far — this step's unhop among them — durable now.
+    public func makeDurable() async throws {
+        try await storage.makeDurable()
     }
 
     // MARK: The subject's stored state
@@ -79,7 +88,8 @@ final class StepUnhop: Sendable {
 
     func unhop(output: String?) async throws {
         try await executor.record(.unhop, step) { [token] storage, runID, owner in
-            try await storage.recordUnhop(runID: runID, token: token, output: output, owner: owner)
+            try await storage.recordUnhop(
+                runID: runID, token: token, output: output, owner: owner, durability: .coalesced)
         }
         executor.environment.metrics.unhops.increment()
         done.withLock { $0 = (true, output) }

@@ -173,8 +173,14 @@ final class Connection {
         }
     }
 
+    /// Whether a transaction is open on this connection (SQLite ends one by itself after some
+    /// errors: a full disk, an I/O error).
+    var isInTransaction: Bool { sqlite3_get_autocommit(handle) == 0 }
+
     /// Runs `body` in one read transaction: a consistent snapshot that never blocks writers.
+    /// Inside the store's open write transaction (coalesced writes), `body` reads within it.
     func read<T>(_ operation: String, _ body: () throws -> T) throws -> T {
+        if isInTransaction { return try body() }
         try run("BEGIN DEFERRED", [], operation: operation)
         defer { rollback() }
         return try body()

@@ -1,9 +1,16 @@
-/// Group commit: the writes that arrive while a commit is in progress share the next
-/// transaction, so that many concurrent runs need one fsync rather than one each.
+/// Group commit and coalesced writes: many writes share one transaction, so that many runs —
+/// and the several records of one run between two of its hops — need one fsync.
 ///
-/// Each write still runs in its own savepoint (one that throws rolls back alone and
-/// changes nothing), and each caller resumes only once the transaction holding its write
-/// has committed: nothing is acknowledged before it is durable.
+/// - A write for `.now` (``WriteDurability``) waits in `pending`; the writes that arrive while
+///   a commit is in progress share the next transaction, and each caller resumes once the
+///   transaction holding its write has committed.
+/// - A `.coalesced` write is applied at once inside the store's open write transaction (begun
+///   by the first such write) and its caller resumes without waiting for a commit. The next
+///   `.now` commit commits it too; otherwise it commits ``HopStore/Options/commitDelay`` later.
+///
+/// Every write runs alone or in a savepoint of its own: one that throws is undone alone and
+/// changes nothing. What is durable is always a prefix of what was applied: a crash or a failed
+/// commit loses the open transaction's writes together, never one without those applied after it.
 extension HopStore {
     struct PendingWrite {
         let operation: String
@@ -11,6 +18,16 @@ extension HopStore {
         let apply: (Connection) throws -> Void
         /// Resumes the caller: with the kept result, or with the error that undid the write.
         let finish: ((any Error)?) -> Void
+    }
+
+    /// The write transaction that holds coalesced writes until it commits.
+    struct OpenTransaction {
+        let number: Int
+        /// The runs with a coalesced write in it.
+        var runs: Set<Int64> = []
+        var writes = 0
+        /// The callers waiting for its commit (``waitUntilDurable()``).
+        var waiters: [CheckedContinuation<Void, any Error>] = []
     }
 
     /// How many write transactions this store committed, and how many writes they held.
@@ -21,6 +38,22 @@ extension HopStore {
 
     /// The transactions committed so far, and the writes they held.
     public var commitStatistics: CommitStatistics { statistics }
+
+    /// Runs `body` as one write, durable (`.now`) or coalesced, and returns its result: once
+    /// committed, or once applied.
+    ///
+    /// - Parameter runID: the run the write records for, if any: a run whose coalesced writes
+    ///   were lost to a failed commit is refused until it is claimed again.
+    func write<T: Sendable>(
+        _ durability: WriteDurability, _ operation: String, runID: Int64? = nil,
+        _ body: @escaping (WriteTransaction) throws -> T
+    ) async throws -> T {
+        if let runID, !lostRuns.isEmpty, lostRuns.contains(runID) { throw lostRecords(runID, operation: operation) }
+        switch durability {
+        case .now: return try await transaction(operation, body)
+        case .coalesced: return try coalesced(operation, runID: runID, body)
+        }
+    }
 
     /// Runs `body` as one write of the next group transaction and returns its result once committed.
     @discardableResult
@@ -51,7 +84,46 @@ extension HopStore {
         }
     }
 
-    /// Commits every pending write in one transaction (`Connection.write`, as migrations do).
+    /// Applies `body` in the open write transaction (beginning one), in a savepoint of its own.
+    private func coalesced<T>(_ operation: String, runID: Int64?, _ body: (WriteTransaction) throws -> T) throws -> T {
+        if open == nil {
+            try connection.run("BEGIN IMMEDIATE", [], operation: operation)
+            transactionsOpened += 1
+            let number = transactionsOpened
+            open = OpenTransaction(number: number)
+            Task {
+                try? await Task.sleep(for: commitDelay)
+                if open?.number == number { commitOpen(operation: "commit coalesced writes") }
+            }
+        }
+        do {
+            try connection.run("SAVEPOINT hop_write", [], operation: operation)
+            let result = try body(WriteTransaction(connection: connection, operation: operation))
+            try connection.run("RELEASE hop_write", [], operation: operation)
+            open?.writes += 1
+            if let runID { open?.runs.insert(runID) }
+            return result
+        } catch {
+            undoSavepoint(operation: operation, after: error)
+            throw error
+        }
+    }
+
+    /// Commits the open transaction now, if one is open: every write applied so far is durable
+    /// when this returns.
+    package func makeDurable() throws {
+        if let error = commitOpen(operation: "commit coalesced writes") { throw error }
+    }
+
+    /// Waits until every write applied so far is durable: committed with the next durable
+    /// write, or ``Options/commitDelay`` after the first coalesced one at the latest.
+    package func waitUntilDurable() async throws {
+        guard open != nil else { return }
+        try await withCheckedThrowingContinuation { open?.waiters.append($0) }
+    }
+
+    /// Commits every pending write in one transaction: the open one, or one of its own
+    /// (`Connection.write`, as migrations do).
     private func flush() {
         flushScheduled = false
         let batch = pending
@@ -59,6 +131,10 @@ extension HopStore {
         guard !batch.isEmpty else { return }
         let operation =
             batch.count == 1 ? batch[0].operation : "\(batch[0].operation) and \(batch.count - 1) more writes"
+        if open != nil {
+            flushIntoOpen(batch, operation: operation)
+            return
+        }
         var aWriteFailed = false
         let failures: [(any Error)?]
         do {
@@ -78,7 +154,7 @@ extension HopStore {
             // One write failed and the transaction was rolled back: start over with each write in
             // a savepoint of its own, so that it alone is undone.
             do {
-                failures = try connection.write(operation) { applyEachInSavepoint(batch) }
+                failures = try connection.write(operation) { try applyEachInSavepoint(batch) }
             } catch {
                 for write in batch { write.finish(error) }
                 return
@@ -93,8 +169,104 @@ extension HopStore {
         for (write, failure) in zip(batch, failures) { write.finish(failure) }
     }
 
+    /// Applies `batch` in the open transaction, each write in a savepoint, and commits them all.
+    private func flushIntoOpen(_ batch: [PendingWrite], operation: String) {
+        let failures: [(any Error)?]
+        do {
+            failures = try applyEachInSavepoint(batch)
+        } catch {
+            connection.rollback()
+            if let transaction = open {
+                open = nil
+                lose(transaction, after: error)
+            }
+            for write in batch { write.finish(error) }
+            return
+        }
+        open?.writes += failures.count { $0 == nil }
+        if let error = commitOpen(operation: operation) {
+            for write in batch { write.finish(error) }
+        } else {
+            for (write, failure) in zip(batch, failures) { write.finish(failure) }
+        }
+    }
+
+    /// Commits the open transaction, if any; returns the error that lost it, if it was lost.
+    @discardableResult
+    private func commitOpen(operation: String) -> (any Error)? {
+        guard let transaction = open else { return nil }
+        open = nil
+        do {
+            guard connection.isInTransaction else {
+                throw HopError(
+                    .ioFailure, operation: operation, path: path,
+                    reason: "SQLite rolled the transaction back after an earlier error")
+            }
+            try connection.run("COMMIT", [], operation: operation)
+        } catch {
+            connection.rollback()
+            lose(transaction, after: error)
+            return error
+        }
+        statistics.transactions += 1
+        statistics.writes += transaction.writes
+        for waiter in transaction.waiters { waiter.resume() }
+        return nil
+    }
+
+    /// The open transaction could not commit: its coalesced writes are lost. Their runs are
+    /// released (best effort), so that they are claimed again and resume from their durable
+    /// history, and until then refused.
+    private func lose(_ transaction: OpenTransaction, after error: any Error) {
+        for waiter in transaction.waiters { waiter.resume(throwing: error) }
+        guard !transaction.runs.isEmpty else { return }
+        lostRuns.formUnion(transaction.runs)
+        logger.error(
+            "a commit failed: the latest records of \(transaction.runs.count) runs were lost; they resume from their durable history",
+            metadata: ["hop.error": "\(error)"])
+        let ids = Self.jsonList(Array(transaction.runs))
+        _ = try? connection.write("release runs whose records were lost") {
+            try connection.run(
+                "UPDATE runs SET owner = NULL, lease_expires_at = NULL WHERE id IN (SELECT value FROM json_each(?1))",
+                [.text(ids)], operation: "release runs whose records were lost")
+        }
+    }
+
+    private func lostRecords(_ runID: Int64, operation: String) -> HopError {
+        HopError(
+            .ioFailure, operation: operation, path: path,
+            reason: "records of run \(runID) were lost when a commit failed; it resumes from its durable history",
+            hint: "Check the disk; the run is executed again once it is claimed")
+    }
+
+    /// Forgets that runs' writes were lost: they were claimed again and their history read afresh.
+    func forgetLostRuns(_ runIDs: some Sequence<Int64>) {
+        guard !lostRuns.isEmpty else { return }
+        lostRuns.subtract(runIDs)
+    }
+
+    /// Undoes the current write's savepoint after `error`. When SQLite has rolled the whole
+    /// transaction back by itself (a full disk, an I/O error), the open transaction is lost.
+    private func undoSavepoint(operation: String, after error: any Error) {
+        if connection.isInTransaction {
+            do {
+                try connection.run("ROLLBACK TO hop_write", [], operation: operation)
+                try connection.run("RELEASE hop_write", [], operation: operation)
+                return
+            } catch {
+                connection.rollback()
+            }
+        }
+        if let transaction = open {
+            open = nil
+            lose(transaction, after: error)
+        }
+    }
+
     /// Applies each write of `batch` in a savepoint of its own; returns each one's error.
-    private func applyEachInSavepoint(_ batch: [PendingWrite]) -> [(any Error)?] {
+    /// Throws when the transaction itself was lost (SQLite rolls it back after a full disk or
+    /// an I/O error): then no write of the batch, nor any before it in the transaction, holds.
+    private func applyEachInSavepoint(_ batch: [PendingWrite]) throws -> [(any Error)?] {
         var failures: [(any Error)?] = []
         failures.reserveCapacity(batch.count)
         for write in batch {
@@ -105,11 +277,13 @@ extension HopStore {
                     try connection.run("RELEASE hop_write", [], operation: write.operation)
                     failures.append(nil)
                 } catch {
+                    guard connection.isInTransaction else { throw error }
                     try connection.run("ROLLBACK TO hop_write", [], operation: write.operation)
                     try connection.run("RELEASE hop_write", [], operation: write.operation)
                     failures.append(error)
                 }
             } catch {
+                guard connection.isInTransaction else { throw error }
                 failures.append(error)
             }
         }

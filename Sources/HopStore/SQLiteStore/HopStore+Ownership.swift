@@ -19,10 +19,12 @@ extension HopStore {
     /// finished. When the run changes hands, a `takeover` entry records it in the run's history.
     package func claim(runID: Int64, owner: String, until: Date) async throws -> RunRecord? {
         let operation = "claim run \(runID)"
-        return try await transaction(operation) { tx in
+        let claimed = try await transaction(operation) { tx in
             try tx.claim(selection: "id = ?1", [.integer(runID)], owner: owner, until: until, operation: operation)
                 .first
         }
+        if claimed != nil { forgetLostRuns([runID]) }
+        return claimed
     }
 
     /// Takes every run of `runIDs` that no other incarnation holds for `owner` until `until`, in
@@ -30,12 +32,14 @@ extension HopStore {
     package func claim(runIDs: [Int64], owner: String, until: Date) async throws -> [RunRecord] {
         guard !runIDs.isEmpty else { return [] }
         let operation = "claim \(runIDs.count) runs"
-        return try await transaction(operation) { tx in
+        let claimed = try await transaction(operation) { tx in
             try tx.claim(
                 selection: "id IN (SELECT value FROM json_each(?1))", [.text(Self.jsonList(runIDs))], owner: owner,
                 until: until,
                 operation: operation)
         }
+        forgetLostRuns(claimed.map(\.id))
+        return claimed
     }
 
     /// Extends `owner`'s leases on `runIDs` (the runs it is executing) to `until`, in one

@@ -21,7 +21,7 @@ extension HopStore {
     ) async throws -> HistoryEntry {
         try validate(step, as: "step name")
         let operation = "hop run \(runID) to \(step)"
-        return try await transaction(operation) { tx in
+        return try await write(.now, operation, runID: runID) { tx in
             let run = try tx.requireRunning(runID, owner: owner, operation: operation)
             if let inFlight = run.currentStep, run.currentToken != nil {
                 throw tx.refuse(.refused, operation, "step '\(inFlight)' is still in flight; it must unhop first")
@@ -64,11 +64,11 @@ extension HopStore {
     ///   already unhopped, or the run is finished; `.invalidInput` when `output` is not JSON.
     @discardableResult
     package func recordUnhop(
-        runID: Int64, token: String, output: String? = nil, owner: String? = nil
+        runID: Int64, token: String, output: String? = nil, owner: String? = nil, durability: WriteDurability = .now
     ) async throws -> HistoryEntry {
         let operation = "unhop run \(runID)"
         if let output { try JSONText.validate(output, as: "step output", path: path) }
-        return try await transaction(operation) { tx in
+        return try await write(durability, operation, runID: runID) { tx in
             let run = try tx.requireUnfinished(runID, owner: owner, operation: operation)
             return try tx.endStep(run, token: token, kind: .unhop, value: output, operation: operation)
         }
@@ -79,7 +79,7 @@ extension HopStore {
     @discardableResult
     package func recordTimeout(runID: Int64, token: String, owner: String? = nil) async throws -> HistoryEntry {
         let operation = "time out run \(runID)"
-        return try await transaction(operation) { tx in
+        return try await write(.now, operation, runID: runID) { tx in
             let run = try tx.requireUnfinished(runID, owner: owner, operation: operation)
             return try tx.endStep(run, token: token, kind: .timeout, value: nil, operation: operation)
         }
@@ -127,12 +127,12 @@ extension HopStore {
     /// Records the value a condition had when the run read it; replay returns it again.
     @discardableResult
     package func recordDecision(
-        runID: Int64, name: String, value: String, owner: String? = nil
+        runID: Int64, name: String, value: String, owner: String? = nil, durability: WriteDurability = .now
     ) async throws -> HistoryEntry {
         try validate(name, as: "decision name")
         try JSONText.validate(value, as: "decision value", path: path)
         let operation = "record decision \(name) of run \(runID)"
-        return try await transaction(operation) { tx in
+        return try await write(durability, operation, runID: runID) { tx in
             _ = try tx.requireRunning(runID, owner: owner, operation: operation)
             return try tx.append(runID: runID, .decision, step: name, value: value, operation: operation)
         }
@@ -140,10 +140,12 @@ extension HopStore {
 
     /// Records that run `runID` took the new branch of patch `name`; replay takes it again.
     @discardableResult
-    package func recordPatch(runID: Int64, name: String, owner: String? = nil) async throws -> HistoryEntry {
+    package func recordPatch(
+        runID: Int64, name: String, owner: String? = nil, durability: WriteDurability = .now
+    ) async throws -> HistoryEntry {
         try validate(name, as: "patch name")
         let operation = "record patch \(name) of run \(runID)"
-        return try await transaction(operation) { tx in
+        return try await write(durability, operation, runID: runID) { tx in
             _ = try tx.requireRunning(runID, owner: owner, operation: operation)
             return try tx.append(runID: runID, .patch, step: name, operation: operation)
         }
@@ -156,7 +158,7 @@ extension HopStore {
     ) async throws -> HistoryEntry {
         try validate(name, as: "timer name")
         let operation = "record timer \(name) of run \(runID)"
-        return try await transaction(operation) { tx in
+        return try await write(.now, operation, runID: runID) { tx in
             _ = try tx.requireRunning(runID, owner: owner, operation: operation)
             return try tx.append(
                 runID: runID, .timer, step: name, value: "\(Clock.milliseconds(deadline))", operation: operation)
@@ -165,10 +167,12 @@ extension HopStore {
 
     /// Marks `feature` used by the run's subject and records it in the run's history, in one transaction.
     @discardableResult
-    package func markUsed(runID: Int64, feature: String, owner: String? = nil) async throws -> HistoryEntry {
+    package func markUsed(
+        runID: Int64, feature: String, owner: String? = nil, durability: WriteDurability = .now
+    ) async throws -> HistoryEntry {
         try validate(feature, as: "feature name")
         let operation = "mark \(feature) used by run \(runID)"
-        return try await transaction(operation) { tx in
+        return try await write(durability, operation, runID: runID) { tx in
             let run = try tx.requireRunning(runID, owner: owner, operation: operation)
             try tx.run(
                 "INSERT INTO first_use (subject, feature, used_at) VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",
@@ -185,7 +189,7 @@ extension HopStore {
         runID: Int64, step: String?, message: String, final: Bool, owner: String? = nil
     ) async throws -> HistoryEntry {
         let operation = "record error of run \(runID)"
-        return try await transaction(operation) { tx in
+        return try await write(.now, operation, runID: runID) { tx in
             _ = try tx.requireUnfinished(runID, owner: owner, operation: operation)
             let event = try tx.append(
                 runID: runID, final ? .fail : .error, step: step, value: message, operation: operation)

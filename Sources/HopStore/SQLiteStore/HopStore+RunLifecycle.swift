@@ -9,19 +9,29 @@ extension HopStore {
     // MARK: Starting, ending and restarting runs
 
     /// Starts a run of `flow` for `subject`, or returns the unfinished one (at most one exists).
+    /// - Parameters:
+    ///   - owner: the engine that executes the new run, holding it until `until`; `nil` leaves
+    ///     it for any engine to claim.
+    ///   - durability: when the new run must be durable.
     package func startRun(
-        flow: String, subject: String, version: String
+        flow: String, subject: String, version: String, owner: String? = nil, until: Date? = nil,
+        durability: WriteDurability = .now
     ) async throws -> (run: RunRecord, created: Bool) {
         try validate(flow, as: "flow name")
         try validate(subject, as: "subject")
         try validate(version, as: "flow version")
         let operation = "start run of \(flow) for \(subject)"
-        return try await transaction(operation) { tx in
+        let started: (run: RunRecord, created: Bool) = try await write(durability, operation) { tx in
             if let existing = try tx.unfinishedRun(flow: flow, subject: subject, operation: operation) {
                 return (existing, false)
             }
-            return (try tx.insertRun(flow: flow, subject: subject, version: version, operation: operation), true)
+            let run = try tx.insertRun(
+                flow: flow, subject: subject, version: version, owner: owner, until: until, operation: operation)
+            return (run, true)
         }
+        // A run whose records were lost may leave its id to the new one.
+        if started.created { forgetLostRuns([started.run.id]) }
+        return started
     }
 
     /// Cancels the unfinished run of `flow` for `subject`: it never advances again. History is kept.
@@ -66,9 +76,11 @@ extension HopStore {
 
     /// Records that the flow body of run `runID` returned: the run is completed.
     @discardableResult
-    package func completeRun(runID: Int64, owner: String? = nil) async throws -> HistoryEntry {
+    package func completeRun(
+        runID: Int64, owner: String? = nil, durability: WriteDurability = .now
+    ) async throws -> HistoryEntry {
         let operation = "complete run \(runID)"
-        return try await transaction(operation) { tx in
+        return try await write(durability, operation, runID: runID) { tx in
             _ = try tx.requireRunning(runID, owner: owner, operation: operation)
             let event = try tx.append(runID: runID, .complete, operation: operation)
             try tx.setStatus(runID, .completed, operation: operation)
@@ -82,7 +94,7 @@ extension HopStore {
         runID: Int64, step: String?, message: String, owner: String? = nil
     ) async throws -> HistoryEntry {
         let operation = "mark run \(runID) diverged"
-        return try await transaction(operation) { tx in
+        return try await write(.now, operation, runID: runID) { tx in
             _ = try tx.requireUnfinished(runID, owner: owner, operation: operation)
             let event = try tx.append(runID: runID, .diverge, step: step, value: message, operation: operation)
             try tx.setStatus(runID, .diverged, operation: operation)

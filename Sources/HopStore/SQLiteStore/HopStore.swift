@@ -45,6 +45,10 @@ public actor HopStore {
         /// the unix VFS). For tests that inject I/O faults, or special file systems.
         /// See https://www.sqlite.org/vfs.html.
         public var vfs: String?
+        /// How long a coalesced write (a run's decision, effect, unhop or completion, written by
+        /// the engine) may wait for a commit when no other write commits it first. Until then it
+        /// is applied and seen by this store, but a crash loses it (see the README's "Durability").
+        public var commitDelay: Duration = .milliseconds(2)
 
         public init(
             durability: Durability = .full, busyTimeout: Duration = .seconds(5),
@@ -66,14 +70,24 @@ public actor HopStore {
     /// Writes waiting for the next group transaction (see `transaction(_:_:)`).
     var pending: [PendingWrite] = []
     var flushScheduled = false
+    /// The write transaction holding coalesced writes not yet committed, if one is open.
+    var open: OpenTransaction?
+    var transactionsOpened = 0
+    /// Runs whose coalesced writes were lost when a commit failed: their later writes are
+    /// refused until the run is claimed again (and its history read afresh).
+    var lostRuns: Set<Int64> = []
+    let commitDelay: Duration
     var statistics = CommitStatistics()
     /// The database file.
     public nonisolated let path: String
     /// The schema version of the database once opened.
     public nonisolated let schemaVersion: Int
 
-    private init(executor: StoreExecutor, connection: Connection, schemaVersion: Int, logger: Logger) {
+    private init(
+        executor: StoreExecutor, connection: Connection, schemaVersion: Int, commitDelay: Duration, logger: Logger
+    ) {
         self.executor = executor
+        self.commitDelay = commitDelay
         self.connection = connection
         self.path = connection.path
         self.schemaVersion = schemaVersion
@@ -113,7 +127,9 @@ public actor HopStore {
                 var logger = logger
                 logger[metadataKey: "hop.db"] = "\(path)"
                 logger.debug("opened Hop database", metadata: ["hop.schema": "\(version)"])
-                return HopStore(executor: executor, connection: connection, schemaVersion: version, logger: logger)
+                return HopStore(
+                    executor: executor, connection: connection, schemaVersion: version,
+                    commitDelay: options.commitDelay, logger: logger)
             }
         } catch {
             executor.stop()

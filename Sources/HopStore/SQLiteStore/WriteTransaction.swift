@@ -111,14 +111,19 @@ extension WriteTransaction {
             [.text(flow), .text(subject)], operation: operation, RunRecord.init(row:))
     }
 
-    func insertRun(flow: String, subject: String, version: String, operation: String) throws -> RunRecord {
+    func insertRun(
+        flow: String, subject: String, version: String, owner: String? = nil, until: Date? = nil, operation: String
+    ) throws -> RunRecord {
         let now = Clock.nowMilliseconds()
         try connection.run(
             """
-            INSERT INTO runs (flow, subject, flow_version, status, created_at, updated_at)
-            VALUES (?1, ?2, ?3, \(RunStatus.running.sql), ?4, ?4)
+            INSERT INTO runs (flow, subject, flow_version, status, created_at, updated_at, owner, lease_expires_at)
+            VALUES (?1, ?2, ?3, \(RunStatus.running.sql), ?4, ?4, ?5, ?6)
             """,
-            [.text(flow), .text(subject), .text(version), .integer(now)], operation: operation)
+            [
+                .text(flow), .text(subject), .text(version), .integer(now), owner.map(SQLValue.text) ?? .null,
+                until.map { .integer(Clock.milliseconds($0)) } ?? .null,
+            ], operation: operation)
         return try requireRun(connection.lastInsertedRowID, operation: operation)
     }
 

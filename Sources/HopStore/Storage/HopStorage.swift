@@ -11,8 +11,9 @@ import Foundation
 /// (``RunRecord``, ``HistoryEntry``, ``StoredSession``) and ``HopError`` go in and out.
 ///
 /// What every implementation guarantees:
-/// - each mutating operation is one transaction: when it returns, its change is durable; when
-///   it throws, nothing changed;
+/// - each mutating operation is one transaction: when it returns, its change is durable —
+///   or, for an operation asked for ``WriteDurability/coalesced``, applied and durable soon
+///   after, in order with every other write; when it throws, nothing changed;
 /// - writes to a run are fenced by `owner`: an operation given an owner is refused (`.refused`)
 ///   unless that incarnation holds the run, so an engine that lost a run writes nothing more;
 /// - a hop ends once: of an unhop, a timeout and a re-route of the same hop, the first to commit
@@ -32,10 +33,20 @@ package protocol HopStorage: Sendable {
     /// A value that changes whenever another process commits to the database.
     func changeVersion() async throws -> Int64
 
+    // MARK: Durability
+
+    /// Commits every coalesced write applied so far (``WriteDurability/coalesced``) now.
+    func makeDurable() async throws
+    /// Waits until every write applied so far is durable, without forcing a commit.
+    func waitUntilDurable() async throws
+
     // MARK: Run lifecycle
 
-    /// Starts a run of `flow` for `subject`, or returns the unfinished one (at most one exists).
-    func startRun(flow: String, subject: String, version: String) async throws -> (run: RunRecord, created: Bool)
+    /// Starts a run of `flow` for `subject`, or returns the unfinished one (at most one exists);
+    /// a new run is held by `owner` until `until`.
+    func startRun(
+        flow: String, subject: String, version: String, owner: String?, until: Date?, durability: WriteDurability
+    ) async throws -> (run: RunRecord, created: Bool)
     /// Cancels the unfinished run of `flow` for `subject`; `.notFound` without one.
     @discardableResult
     func cancelRun(flow: String, subject: String, reason: String) async throws -> RunRecord
@@ -45,7 +56,7 @@ package protocol HopStorage: Sendable {
     func restartRun(flow: String, subject: String, version: String?) async throws -> RunRecord
     /// Records that the flow body returned: the run is completed.
     @discardableResult
-    func completeRun(runID: Int64, owner: String?) async throws -> HistoryEntry
+    func completeRun(runID: Int64, owner: String?, durability: WriteDurability) async throws -> HistoryEntry
     /// Marks the run diverged: the flow code asked for another path than its history.
     @discardableResult
     func divergeRun(runID: Int64, step: String?, message: String, owner: String?) async throws -> HistoryEntry
@@ -59,7 +70,9 @@ package protocol HopStorage: Sendable {
     ) async throws -> HistoryEntry
     /// Ends the step in flight with an unhop, if `token` is its token.
     @discardableResult
-    func recordUnhop(runID: Int64, token: String, output: String?, owner: String?) async throws -> HistoryEntry
+    func recordUnhop(
+        runID: Int64, token: String, output: String?, owner: String?, durability: WriteDurability
+    ) async throws -> HistoryEntry
     /// Ends the step in flight because its deadline passed, if `token` is its token.
     @discardableResult
     func recordTimeout(runID: Int64, token: String, owner: String?) async throws -> HistoryEntry
@@ -69,16 +82,22 @@ package protocol HopStorage: Sendable {
     ) async throws -> (run: RunRecord, unhop: HistoryEntry)
     /// Records the value a condition had when the run read it.
     @discardableResult
-    func recordDecision(runID: Int64, name: String, value: String, owner: String?) async throws -> HistoryEntry
+    func recordDecision(
+        runID: Int64, name: String, value: String, owner: String?, durability: WriteDurability
+    ) async throws -> HistoryEntry
     /// Records that the run took the new branch of patch `name`.
     @discardableResult
-    func recordPatch(runID: Int64, name: String, owner: String?) async throws -> HistoryEntry
+    func recordPatch(
+        runID: Int64, name: String, owner: String?, durability: WriteDurability
+    ) async throws -> HistoryEntry
     /// Records a durable sleep until `deadline`.
     @discardableResult
     func recordTimer(runID: Int64, name: String, deadline: Date, owner: String?) async throws -> HistoryEntry
     /// Marks `feature` used by the run's subject and records the effect, in one transaction.
     @discardableResult
-    func markUsed(runID: Int64, feature: String, owner: String?) async throws -> HistoryEntry
+    func markUsed(
+        runID: Int64, feature: String, owner: String?, durability: WriteDurability
+    ) async throws -> HistoryEntry
     /// Records that a step threw; with `final`, the run fails.
     @discardableResult
     func recordError(
@@ -145,10 +164,17 @@ extension HopStorage {
     /// The whole history of a run, in order.
     package func history(runID: Int64) async throws -> [HistoryEntry] { try await history(runID: runID, limit: nil) }
 
-    /// Ends the step in flight with an unhop from outside the engine (no owner).
+    /// Ends the step in flight with an unhop from outside the engine (no owner), durably.
     @discardableResult
     package func recordUnhop(runID: Int64, token: String, output: String? = nil) async throws -> HistoryEntry {
-        try await recordUnhop(runID: runID, token: token, output: output, owner: nil)
+        try await recordUnhop(runID: runID, token: token, output: output, owner: nil, durability: .now)
+    }
+
+    /// Starts a run of `flow` for `subject` that any engine may claim, durably, or returns the unfinished one.
+    package func startRun(
+        flow: String, subject: String, version: String
+    ) async throws -> (run: RunRecord, created: Bool) {
+        try await startRun(flow: flow, subject: subject, version: version, owner: nil, until: nil, durability: .now)
     }
 
     /// Stores the session of `subject` with no expiry.
