@@ -27,7 +27,7 @@ struct HopBench: AsyncParsableCommand {
         "concurrent-hops.ratio": (5, nil),
         "startup-flow.sequential.ratio": (0.85, nil),
         "resume.seconds": (nil, 2),
-        "resume.peak-memory": (nil, 256),
+        "resume.peak-memory": (nil, 128),
         "hopctl.status.median": (nil, 20),
         "hopctl.history.median": (nil, 20),
         "parked-memory.peak": (nil, 64),

@@ -9,29 +9,6 @@ import Testing
 /// When a run's records are durable: coalesced between hops, committed with the next hop, the
 /// completion, `makeDurable()`, or the commit delay; and what each call returns after.
 @Suite struct DurabilityTests {
-    /// Holds a flow body until the test opens it.
-    final class Gate: Sendable {
-        private let state = Mutex<(open: Bool, waiters: [CheckedContinuation<Void, Never>])>((false, []))
-        func wait() async {
-            await withCheckedContinuation { continuation in
-                let resumeNow = state.withLock { state in
-                    if state.open { return true }
-                    state.waiters.append(continuation)
-                    return false
-                }
-                if resumeNow { continuation.resume() }
-            }
-        }
-        func open() {
-            let waiters = state.withLock { state in
-                state.open = true
-                defer { state.waiters = [] }
-                return state.waiters
-            }
-            for waiter in waiters { waiter.resume() }
-        }
-    }
-
     static let quiet = Logger(label: "durability", factory: { _ in SwiftLogNoOpLogHandler() })
 
     /// An engine on a store whose coalesced records wait `commitDelay` for a commit, running

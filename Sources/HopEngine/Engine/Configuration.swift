@@ -18,12 +18,19 @@ extension HopEngine {
         /// It is only a label: ownership of runs goes by the engine's ``HopEngine/incarnation``,
         /// so any number of processes may share a label without ever executing a run twice.
         public var engineID: String?
+        /// How many runs this engine executes at once, at most: each holds a task (and its
+        /// step's memory) while it executes. Runs asked to execute beyond it wait their turn,
+        /// oldest first; a resume claims only as many runs as there are free places, leaving
+        /// the rest in the database (for this engine later, or another engine now). Runs parked
+        /// on an external step hold no place.
+        public var maxConcurrentRuns = 10_000
 
         public init(
             pollInterval: Duration = .milliseconds(50), leaseDuration: Duration = .seconds(10),
             observer: (@Sendable (EngineEvent) -> Void)? = nil, metricsFactory: (any MetricsFactory)? = nil,
-            engineID: String? = nil
+            engineID: String? = nil, maxConcurrentRuns: Int = 10_000
         ) {
+            self.maxConcurrentRuns = maxConcurrentRuns
             self.pollInterval = pollInterval
             self.leaseDuration = leaseDuration
             self.observer = observer

@@ -1,16 +1,29 @@
-/// The task of each run this engine executes: at most one per run; a run asked to execute
-/// while it executes does so again once the current execution settles.
+/// The task of each run this engine executes: at most one per run, and at most
+/// ``HopEngine/Configuration/maxConcurrentRuns`` in all; a run asked to execute while it
+/// executes does so again once the current execution settles, and one asked while every place
+/// is taken waits its turn.
 extension HopEngine {
     /// Executes `run` in a task of its own, unless this engine is executing it already
-    /// (then it executes once more as soon as the current execution settles).
+    /// (then it executes once more as soon as the current execution settles), or every place
+    /// is taken (then it waits, and executes when a place frees, oldest first).
     ///
     /// - Parameter claimed: the run's history, when this engine has already claimed the run
-    ///   and read it (a resume of many runs does both in bulk).
+    ///   and read it (a resume of many runs does both in bulk, for free places only).
     func execute(_ run: RunRecord, claimed: [HistoryEntry]? = nil) {
         guard executing[run.id] == nil else {
             executeAgain.insert(run.id)
             return
         }
+        guard executing.count < configuration.maxConcurrentRuns, waiting.isEmpty else {
+            // It claims the run when its turn comes: a lease held while it waits could lapse.
+            waiting.append(run)
+            return
+        }
+        launch(run, claimed: claimed)
+    }
+
+    /// Starts the task that executes `run`.
+    private func launch(_ run: RunRecord, claimed: [HistoryEntry]?) {
         guard let definition = environment.flow(named: run.flow, version: run.flowVersion) else {
             // Left alone, not failed: an engine that has its version carries it on.
             logger.info(
@@ -41,11 +54,27 @@ extension HopEngine {
         if executeAgain.remove(runID) != nil, let run = try? await storage.run(id: runID), run.status == .running,
             executing[runID] == nil
         {
-            execute(run)
+            execute(run)  // in the place it just left, unless runs wait for one
+            executeWaiting()
             return
         }
         if let run = try? await storage.run(id: runID) { environment.notify(.settled(run: run)) }
         for waiter in settleWaiters.removeValue(forKey: runID) ?? [] { waiter.resume() }
+        executeWaiting()
+    }
+
+    /// Executes waiting runs in the free places, oldest first; with none waiting and places
+    /// free, claims more of the runs a resume left in the database.
+    func executeWaiting() {
+        let limit = configuration.maxConcurrentRuns
+        while executing.count < limit, let next = waiting.next() {
+            if executing[next.id] == nil { launch(next, claimed: nil) } else { executeAgain.insert(next.id) }
+        }
+        let free = limit - executing.count
+        if claimableLeft, !resuming, waiting.isEmpty, free >= min(Self.resumeBatch, max(1, limit / 2)) {
+            claimableLeft = false
+            Task { _ = try? await self.resumeClaimable() }
+        }
     }
 
     /// Cancels every run this engine executes and waits until they have stopped.

@@ -43,6 +43,12 @@ public actor HopEngine {
     /// Runs asked to execute again while executing (an unhop arrived as they settled).
     var executeAgain: Set<Int64> = []
     var settleWaiters: [Int64: [CheckedContinuation<Void, Never>]] = [:]
+    /// Runs asked to execute while ``Configuration/maxConcurrentRuns`` were executing, oldest first.
+    var waiting = WaitingRuns()
+    /// Whether the last resume left claimable runs in the database for want of free places.
+    var claimableLeft = false
+    /// Whether a resume is claiming runs now.
+    var resuming = false
 
     /// An engine over the SQLite database `store`.
     public init(store: HopStore, logger: Logger, configuration: Configuration = Configuration()) {
@@ -232,7 +238,7 @@ public actor HopEngine {
     /// Waits until this engine is no longer executing run `runID` (it completed, failed,
     /// parked, …) and returns the run as stored.
     public func settled(runID: Int64) async throws -> RunRecord? {
-        if executing[runID] != nil {
+        if executing[runID] != nil || waiting.contains(runID) {
             await withCheckedContinuation { settleWaiters[runID, default: []].append($0) }
         }
         return try await storage.run(id: runID)
@@ -241,6 +247,8 @@ public actor HopEngine {
     /// Whether this engine is executing run `runID` now.
     public func isExecuting(runID: Int64) -> Bool { executing[runID] != nil }
 
-    /// How many runs this engine holds in memory.
+    /// How many runs this engine executes now (at most ``Configuration/maxConcurrentRuns``).
     public var executingCount: Int { executing.count }
+    /// How many runs wait for a free place to execute.
+    public var waitingCount: Int { waiting.count }
 }

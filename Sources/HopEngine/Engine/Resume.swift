@@ -17,7 +17,17 @@ extension HopEngine {
     /// engines first: the watch has just looked).
     @discardableResult
     func resumeClaimable() async throws -> Int {
-        let candidates = try await storage.claimableRuns(versions: environment.flowVersions, now: Date())
+        guard !resuming else { return 0 }
+        resuming = true
+        defer { resuming = false }
+        // Only as many as there are free places: the others stay in the database, unclaimed.
+        let free = configuration.maxConcurrentRuns - executing.count - waiting.count
+        guard free > 0 else {
+            claimableLeft = true
+            return 0
+        }
+        let candidates = try await storage.claimableRuns(versions: environment.flowVersions, now: Date(), limit: free)
+        if candidates.count == free { claimableLeft = true }
         var resumed = 0
         // In batches: one transaction claims a batch, one statement reads its histories, and
         // its runs start while the next batch is read.

@@ -103,7 +103,9 @@ extension HopStore {
 
     /// Unfinished, unparked runs of the given flows, on one of the given versions of each, that no
     /// engine holds (no owner, or an expired lease), oldest first.
-    package func claimableRuns(versions: [String: [String]], now: Date = Date()) throws -> [RunRecord] {
+    package func claimableRuns(
+        versions: [String: [String]], now: Date = Date(), limit: Int = .max
+    ) throws -> [RunRecord] {
         var runs: [RunRecord] = []
         for (flow, flowVersions) in versions.sorted(by: { $0.key < $1.key }) {
             runs += try connection.query(
@@ -111,12 +113,15 @@ extension HopStore {
                 SELECT \(RunRecord.columns) FROM runs
                 WHERE status = \(RunStatus.running.sql) AND flow = ?1 AND (owner IS NULL OR lease_expires_at < ?2)
                     AND flow_version IN (SELECT value FROM json_each(?3))
-                ORDER BY id
+                ORDER BY id LIMIT ?4
                 """,
-                [.text(flow), .integer(Clock.milliseconds(now)), .text(Self.jsonList(flowVersions))],
+                [
+                    .text(flow), .integer(Clock.milliseconds(now)), .text(Self.jsonList(flowVersions)),
+                    .integer(Int64(limit)),
+                ],
                 operation: "list runs to resume of \(flow)", RunRecord.init(row:))
         }
-        return runs.sorted { $0.id < $1.id }
+        return Array(runs.sorted { $0.id < $1.id }.prefix(limit))
     }
     /// Parked runs whose step's deadline has passed.
     package func dueTimeouts(now: Date = Date()) throws -> [RunRecord] {

@@ -117,8 +117,8 @@ extension WriteTransaction {
         let now = Clock.nowMilliseconds()
         try connection.run(
             """
-            INSERT INTO runs (flow, subject, flow_version, status, created_at, updated_at, owner, lease_expires_at)
-            VALUES (?1, ?2, ?3, \(RunStatus.running.sql), ?4, ?4, ?5, ?6)
+            INSERT INTO runs (flow, subject, flow_version, status, created_at, updated_at, owner, last_owner, lease_expires_at)
+            VALUES (?1, ?2, ?3, \(RunStatus.running.sql), ?4, ?4, ?5, ?5, ?6)
             """,
             [
                 .text(flow), .text(subject), .text(version), .integer(now), owner.map(SQLValue.text) ?? .null,

@@ -133,7 +133,7 @@ package protocol HopStorage: Sendable {
     func releaseRunsOfDeadIncarnations(except own: Incarnation) async throws -> [(owner: String, runs: Int)]
     /// Unfinished, unparked runs that no engine holds, of the given flows and, of each, of the
     /// given versions only (a run of another version is left for an engine that has it), oldest first.
-    func claimableRuns(versions: [String: [String]], now: Date) async throws -> [RunRecord]
+    func claimableRuns(versions: [String: [String]], now: Date, limit: Int) async throws -> [RunRecord]
     /// Parked runs whose step's deadline has passed.
     func dueTimeouts(now: Date) async throws -> [RunRecord]
 

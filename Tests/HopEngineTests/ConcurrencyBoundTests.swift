@@ -1,0 +1,121 @@
+import Foundation
+import HopEngine
+import HopStore
+import HopTestSupport
+import Logging
+import Synchronization
+import Testing
+
+/// `Configuration.maxConcurrentRuns`: an engine never executes more runs at once, the others
+/// wait their turn oldest first, and a resume claims only as many runs as there are free places.
+@Suite struct ConcurrencyBoundTests {
+    /// Counts the steps in flight, the most there ever were, and the order runs entered.
+    final class InFlight: Sendable {
+        private let state = Mutex<(now: Int, peak: Int, entered: [Int64])>((0, 0, []))
+        func enter(_ runID: Int64) {
+            state.withLock {
+                $0.now += 1
+                $0.peak = max($0.peak, $0.now)
+                $0.entered.append(runID)
+            }
+        }
+        func leave() { state.withLock { $0.now -= 1 } }
+        var peak: Int { state.withLock { $0.peak } }
+        var entered: [Int64] { state.withLock { $0.entered } }
+    }
+
+    /// Lets steps end one at a time.
+    final class Permits: Sendable {
+        private let state = Mutex<(permits: Int, waiters: [CheckedContinuation<Void, Never>])>((0, []))
+        func acquire() async {
+            await withCheckedContinuation { continuation in
+                let now = state.withLock { state in
+                    if state.permits > 0 {
+                        state.permits -= 1
+                        return true
+                    }
+                    state.waiters.append(continuation)
+                    return false
+                }
+                if now { continuation.resume() }
+            }
+        }
+        func release(count: Int = 1) {
+            for _ in 0..<count {
+                let waiter = state.withLock { state in
+                    if state.waiters.isEmpty {
+                        state.permits += 1
+                        return nil as CheckedContinuation<Void, Never>?
+                    }
+                    return state.waiters.removeFirst()
+                }
+                waiter?.resume()
+            }
+        }
+    }
+
+    static func engine(
+        _ storage: HopStore, limit: Int, gate: Gate, inFlight: InFlight, permits: Permits? = nil
+    ) -> HopEngine {
+        let engine = HopEngine(
+            store: storage, logger: Logger(label: "bound", factory: { _ in SwiftLogNoOpLogHandler() }),
+            configuration: .init(engineID: "bound", maxConcurrentRuns: limit))
+        engine.register(Flow("work", version: "1") { flow in try await flow.hop(to: "task") })
+        engine.register(step: "task") { context in
+            inFlight.enter(context.runID)
+            if let permits { await permits.acquire() } else { await gate.wait() }
+            inFlight.leave()
+        }
+        return engine
+    }
+
+    @Test func runsBeyondTheBoundWaitTheirTurnOldestFirst() async throws {
+        let folder = try TemporaryDirectory()
+        let store = try await HopStore.open(path: folder.database)
+        let gate = Gate()
+        let inFlight = InFlight()
+        let permits = Permits()
+        let engine = Self.engine(store, limit: 5, gate: gate, inFlight: inFlight, permits: permits)
+        var runs: [Int64] = []
+        for index in 0..<30 { runs.append(try await engine.start("work", subject: "s\(index)").id) }
+        try await waitUntil("five runs are in their step") { inFlight.entered.count == 5 }
+        #expect(await engine.executingCount == 5)
+        #expect(await engine.waitingCount == 25)
+        #expect(inFlight.entered == Array(runs.prefix(5)))
+
+        // One step ends at a time: each frees one place, and the run that waited longest takes it.
+        for next in 5..<30 {
+            permits.release()
+            try await waitUntil("run \(runs[next]) entered its step") { inFlight.entered.count == next + 1 }
+        }
+        #expect(inFlight.entered == runs, "runs did not execute oldest first")
+        gate.open()
+        permits.release(count: 30)
+        for run in runs { #expect(try await engine.settled(runID: run)?.status == .completed) }
+        #expect(inFlight.peak == 5, "more runs executed at once than the bound")
+    }
+
+    @Test func aResumeClaimsOnlyFreePlacesAndTheRestFollowAsPlacesFree() async throws {
+        let folder = try TemporaryDirectory()
+        let store = try await HopStore.open(path: folder.database)
+        var runs: [Int64] = []
+        for index in 0..<30 {
+            // Unfinished runs no engine holds, as a crashed daemon leaves them.
+            runs.append(try await store.startRun(flow: "work", subject: "s\(index)", version: "1").run.id)
+        }
+        let gate = Gate()
+        let inFlight = InFlight()
+        let engine = Self.engine(store, limit: 5, gate: gate, inFlight: inFlight)
+        #expect(try await engine.resumeAll() == 5)
+        try await waitUntil("five runs are in their step") { inFlight.entered.count == 5 }
+        let held = try await store.allRuns(flow: "work").filter { $0.owner == engine.id }
+        #expect(held.map(\.id) == Array(runs.prefix(5)), "the resume claimed runs it had no place for")
+
+        gate.open()
+        try await waitUntil("every run completed") {
+            try await store.allRuns(flow: "work").allSatisfy { $0.status == .completed }
+        }
+        #expect(inFlight.peak <= 5, "more runs executed at once than the bound")
+        #expect(Set(inFlight.entered) == Set(runs))
+    }
+}
