@@ -2,8 +2,9 @@ import CoreMetrics
 import Foundation
 import Logging
 
-/// Executes flows durably over a `HopStore`: every hop, unhop and decision is committed
-/// before the flow proceeds, and unfinished runs resume where they were after a crash.
+/// Executes flows durably over a `HopStore`: every hop is committed before its step starts
+/// (with the run's unhops, decisions and effects recorded since the last one), and unfinished
+/// runs resume where they were after a crash.
 ///
 /// ```swift
 /// let engine = HopEngine(store: store, logger: logger)
