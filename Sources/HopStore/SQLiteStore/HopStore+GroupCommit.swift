@@ -175,11 +175,7 @@ extension HopStore {
         do {
             failures = try applyEachInSavepoint(batch)
         } catch {
-            connection.rollback()
-            if let transaction = open {
-                open = nil
-                lose(transaction, after: error)
-            }
+            loseOpen(after: error)
             for write in batch { write.finish(error) }
             return
         }
@@ -195,7 +191,6 @@ extension HopStore {
     @discardableResult
     private func commitOpen(operation: String) -> (any Error)? {
         guard let transaction = open else { return nil }
-        open = nil
         do {
             guard connection.isInTransaction else {
                 throw HopError(
@@ -204,20 +199,23 @@ extension HopStore {
             }
             try connection.run("COMMIT", [], operation: operation)
         } catch {
-            connection.rollback()
-            lose(transaction, after: error)
+            loseOpen(after: error)
             return error
         }
+        open = nil
         statistics.transactions += 1
         statistics.writes += transaction.writes
         for waiter in transaction.waiters { waiter.resume() }
         return nil
     }
 
-    /// The open transaction could not commit: its coalesced writes are lost. Their runs are
-    /// released (best effort), so that they are claimed again and resume from their durable
-    /// history, and until then refused.
-    private func lose(_ transaction: OpenTransaction, after error: any Error) {
+    /// The open transaction could not commit, or SQLite rolled it back: rolls back what is left
+    /// of it, and its coalesced writes are lost. Their runs are released (best effort), so that
+    /// they are claimed again and resume from their durable history, and until then refused.
+    private func loseOpen(after error: any Error) {
+        connection.rollback()
+        guard let transaction = open else { return }
+        open = nil
         for waiter in transaction.waiters { waiter.resume(throwing: error) }
         guard !transaction.runs.isEmpty else { return }
         lostRuns.formUnion(transaction.runs)
@@ -248,19 +246,12 @@ extension HopStore {
     /// Undoes the current write's savepoint after `error`. When SQLite has rolled the whole
     /// transaction back by itself (a full disk, an I/O error), the open transaction is lost.
     private func undoSavepoint(operation: String, after error: any Error) {
-        if connection.isInTransaction {
-            do {
-                try connection.run("ROLLBACK TO hop_write", [], operation: operation)
-                try connection.run("RELEASE hop_write", [], operation: operation)
-                return
-            } catch {
-                connection.rollback()
-            }
+        if connection.isInTransaction, (try? connection.run("ROLLBACK TO hop_write", [], operation: operation)) != nil,
+            (try? connection.run("RELEASE hop_write", [], operation: operation)) != nil
+        {
+            return
         }
-        if let transaction = open {
-            open = nil
-            lose(transaction, after: error)
-        }
+        loseOpen(after: error)
     }
 
     /// Applies each write of `batch` in a savepoint of its own; returns each one's error.

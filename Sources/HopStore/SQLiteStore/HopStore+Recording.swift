@@ -131,11 +131,9 @@ extension HopStore {
     ) async throws -> HistoryEntry {
         try validate(name, as: "decision name")
         try JSONText.validate(value, as: "decision value", path: path)
-        let operation = "record decision \(name) of run \(runID)"
-        return try await write(durability, operation, runID: runID) { tx in
-            _ = try tx.requireRunning(runID, owner: owner, operation: operation)
-            return try tx.append(runID: runID, .decision, step: name, value: value, operation: operation)
-        }
+        return try await appendToRunning(
+            runID: runID, .decision, name: name, value: value, owner: owner, durability: durability,
+            operation: "record decision \(name) of run \(runID)")
     }
 
     /// Records that run `runID` took the new branch of patch `name`; replay takes it again.
@@ -144,11 +142,9 @@ extension HopStore {
         runID: Int64, name: String, owner: String? = nil, durability: WriteDurability = .now
     ) async throws -> HistoryEntry {
         try validate(name, as: "patch name")
-        let operation = "record patch \(name) of run \(runID)"
-        return try await write(durability, operation, runID: runID) { tx in
-            _ = try tx.requireRunning(runID, owner: owner, operation: operation)
-            return try tx.append(runID: runID, .patch, step: name, operation: operation)
-        }
+        return try await appendToRunning(
+            runID: runID, .patch, name: name, value: nil, owner: owner, durability: durability,
+            operation: "record patch \(name) of run \(runID)")
     }
 
     /// Records a durable sleep of run `runID` until `deadline`; replay sleeps until the same deadline.
@@ -157,11 +153,20 @@ extension HopStore {
         runID: Int64, name: String, deadline: Date, owner: String? = nil
     ) async throws -> HistoryEntry {
         try validate(name, as: "timer name")
-        let operation = "record timer \(name) of run \(runID)"
-        return try await write(.now, operation, runID: runID) { tx in
+        return try await appendToRunning(
+            runID: runID, .timer, name: name, value: "\(Clock.milliseconds(deadline))", owner: owner,
+            durability: .now, operation: "record timer \(name) of run \(runID)")
+    }
+
+    /// Appends one entry named `name` to the history of run `runID`, which must be running and
+    /// held by `owner`: what a decision, a patch marker and a timer each record.
+    private func appendToRunning(
+        runID: Int64, _ kind: HistoryKind, name: String, value: String?, owner: String?,
+        durability: WriteDurability, operation: String
+    ) async throws -> HistoryEntry {
+        try await write(durability, operation, runID: runID) { tx in
             _ = try tx.requireRunning(runID, owner: owner, operation: operation)
-            return try tx.append(
-                runID: runID, .timer, step: name, value: "\(Clock.milliseconds(deadline))", operation: operation)
+            return try tx.append(runID: runID, kind, step: name, value: value, operation: operation)
         }
     }
 
