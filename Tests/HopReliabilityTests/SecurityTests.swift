@@ -92,7 +92,8 @@ import Testing
         // An interpolation inside SQL text may only splice in one of these constants; every
         // value goes through a bound parameter (?1, ?2, …).
         let allowed: Set<String> = [
-            "RunRecord.columns", "HistoryEntry.columns", "filter", #"durability == .full ? "FULL" : "NORMAL""#,
+            "RunRecord.columns", "RunHead.columns", "HistoryEntry.columns", "filter",
+            #"durability == .full ? "FULL" : "NORMAL""#,
             "claimable",  // a constant condition around a constant selection (HopStore+Ownership)
             // Statuses and kinds as literals of the code's own enums (a partial index needs them in the text).
             "RunStatus.running.sql", "RunStatus.parked.sql", "RunStatus.unfinishedSQL", "HistoryKind.hop.sql",

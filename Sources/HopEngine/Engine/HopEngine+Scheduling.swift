@@ -58,8 +58,14 @@ extension HopEngine {
             executeWaiting()
             return
         }
-        if let run = try? await storage.run(id: runID) { environment.notify(.settled(run: run)) }
-        for waiter in settleWaiters.removeValue(forKey: runID) ?? [] { waiter.resume() }
+        let waiters = settleWaiters.removeValue(forKey: runID) ?? []
+        // Read once, for the observer and for whoever waits for the run to settle.
+        var settled: RunRecord?
+        if environment.configuration.observer != nil || !waiters.isEmpty {
+            settled = try? await storage.run(id: runID)
+        }
+        if let settled { environment.notify(.settled(run: settled)) }
+        for waiter in waiters { waiter.resume(returning: settled) }
         executeWaiting()
     }
 

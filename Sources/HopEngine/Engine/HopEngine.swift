@@ -43,7 +43,7 @@ public actor HopEngine {
     var executing: [Int64: Task<Void, Never>] = [:]
     /// Runs asked to execute again while executing (an unhop arrived as they settled).
     var executeAgain: Set<Int64> = []
-    var settleWaiters: [Int64: [CheckedContinuation<Void, Never>]] = [:]
+    var settleWaiters: [Int64: [CheckedContinuation<RunRecord?, Never>]] = [:]
     /// Runs asked to execute while ``Configuration/maxConcurrentRuns`` were executing, oldest first.
     var waiting = WaitingRuns()
     /// Whether the last resume left claimable runs in the database for want of free places.
@@ -239,8 +239,10 @@ public actor HopEngine {
     /// Waits until this engine is no longer executing run `runID` (it completed, failed,
     /// parked, …) and returns the run as stored.
     public func settled(runID: Int64) async throws -> RunRecord? {
-        if executing[runID] != nil || waiting.contains(runID) {
-            await withCheckedContinuation { settleWaiters[runID, default: []].append($0) }
+        if executing[runID] != nil || waiting.contains(runID),
+            let settled = await withCheckedContinuation({ settleWaiters[runID, default: []].append($0) })
+        {
+            return settled
         }
         return try await storage.run(id: runID)
     }

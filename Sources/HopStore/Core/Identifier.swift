@@ -38,6 +38,8 @@ public enum Identifier {
     /// The first scalar of `value` an identifier may not hold. The zero-width joiner and non-joiner
     /// are part of some scripts (Persian, Indic) and of emoji sequences: allowed inside a name.
     private static func firstInvisible(in value: String) -> Unicode.Scalar? {
+        // Most names are printable ASCII: nothing to look up.
+        if value.utf8.allSatisfy({ $0 >= 0x20 && $0 < 0x7F }) { return nil }
         let scalars = Array(value.unicodeScalars)
         for (index, scalar) in scalars.enumerated() where invisible.contains(scalar.properties.generalCategory) {
             let joiner = scalar.value == 0x200C || scalar.value == 0x200D

@@ -8,6 +8,8 @@ import Foundation
 public enum JSONText {
     /// - Throws: ``HopError`` of kind `.invalidInput` naming `what` when `text` does not parse.
     public static func validate(_ text: String, as what: String, path: String = "") throws {
+        // The values most decisions hold need no parser.
+        if text == "true" || text == "false" || text == "null" { return }
         do {
             _ = try JSONDecoder().decode(JSONValue.self, from: Data(text.utf8))
         } catch {

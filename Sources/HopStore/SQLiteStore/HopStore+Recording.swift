@@ -119,7 +119,7 @@ extension HopStore {
                     "step '\(step)' of run \(run.id) finishes when a session is stored, not by hand; nothing was changed",
                     hint: "Log the user in: `hopctl session login USER --subject \(subject)`")
             }
-            let event = try tx.endStep(run, token: token, kind: .unhop, value: output, operation: operation)
+            let event = try tx.endStep(RunHead(run), token: token, kind: .unhop, value: output, operation: operation)
             return (try tx.requireRun(run.id, operation: operation), event)
         }
     }

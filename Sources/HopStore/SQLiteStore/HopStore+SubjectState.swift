@@ -240,7 +240,7 @@ extension WriteTransaction {
         let json = String(decoding: try JSONEncoder().encode(value), as: UTF8.self)
         for run in waiting {
             guard let token = run.currentToken else { continue }
-            try endStep(run, token: token, kind: kind, value: json, operation: operation)
+            try endStep(RunHead(run), token: token, kind: kind, value: json, operation: operation)
         }
         return waiting.map(\.id)
     }

@@ -36,7 +36,7 @@ extension WriteTransaction {
     /// Ends the step in flight of `run` with an unhop, a timeout or a re-route, if `token` is its token.
     @discardableResult
     func endStep(
-        _ run: RunRecord, token: String, kind: HistoryKind, value: String?, operation: String
+        _ run: RunHead, token: String, kind: HistoryKind, value: String?, operation: String
     ) throws -> HistoryEntry {
         guard let step = run.currentStep, let current = run.currentToken, current == token else {
             let earlier = try connection.queryOne(
@@ -75,23 +75,28 @@ extension WriteTransaction {
         touchesRun: Bool = true, operation: String
     ) throws -> HistoryEntry {
         let now = Clock.nowMilliseconds()
-        let seq =
-            (try connection.queryOne(
-                "SELECT max(seq) FROM history WHERE run_id = ?1", [.integer(runID)], operation: operation
-            ) { $0.optionalInt64(0) } ?? nil) ?? 0
-        try connection.run(
-            "INSERT INTO history (run_id, seq, kind, step, token, value, at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-            [
-                .integer(runID), .integer(seq + 1), .text(kind.rawValue), .optional(step), .optional(token),
-                .optional(value), .integer(now),
-            ],
-            operation: operation)
+        // The next number of the run's history and the entry in one statement.
+        guard
+            let seq = try connection.queryOne(
+                """
+                INSERT INTO history (run_id, seq, kind, step, token, value, at)
+                SELECT ?1, coalesce(max(seq), 0) + 1, ?2, ?3, ?4, ?5, ?6 FROM history WHERE run_id = ?1
+                RETURNING seq
+                """,
+                [
+                    .integer(runID), .text(kind.rawValue), .optional(step), .optional(token), .optional(value),
+                    .integer(now),
+                ],
+                operation: operation, { $0.int64(0) })
+        else {
+            throw refuse(.sqlite, operation, "the history entry of run \(runID) was not inserted")
+        }
         if touchesRun {
             try connection.run(
                 "UPDATE runs SET updated_at = ?2 WHERE id = ?1", [.integer(runID), .integer(now)], operation: operation)
         }
         return HistoryEntry(
-            runID: runID, seq: seq + 1, kind: kind, step: step, token: token, value: value, at: Clock.date(now))
+            runID: runID, seq: seq, kind: kind, step: step, token: token, value: value, at: Clock.date(now))
     }
 
     /// Ends the run with `status`: no token, no wake-up, no owner.
@@ -152,36 +157,76 @@ extension WriteTransaction {
         return run
     }
 
-    func requireUnfinished(_ runID: Int64, owner: String? = nil, operation: String) throws -> RunRecord {
-        let run = try requireRun(runID, operation: operation)
-        guard run.status.isUnfinished else {
-            throw refuse(
-                .refused, operation,
-                "run \(runID) of \(run.flow) for \(run.subject) is \(run.status.rawValue) and no longer advances",
-                hint: "Start it over with `hopctl restart --flow \(run.flow) --subject \(run.subject)`")
+    /// What a write checks of run `runID` before it records: that the run is unfinished and,
+    /// with `owner`, held by that engine. Reads the few columns a check needs; the whole
+    /// record only to explain a refusal.
+    func requireUnfinished(_ runID: Int64, owner: String? = nil, operation: String) throws -> RunHead {
+        guard
+            let head = try connection.queryOne(
+                "SELECT \(RunHead.columns) FROM runs WHERE id = ?1", [.integer(runID)], operation: operation,
+                RunHead.init(row:))
+        else {
+            throw refuse(.notFound, operation, "run \(runID) does not exist", hint: "List runs with `hopctl status`")
         }
         // Fenced: an engine writes to a run only while it holds it. One that lost it (it was
         // frozen past its lease, another took over, the run parked) writes nothing more.
-        if let owner, run.owner != owner {
+        guard head.status.isUnfinished, owner == nil || head.owner == owner else {
+            let run = try requireRun(runID, operation: operation)
+            guard run.status.isUnfinished else {
+                throw refuse(
+                    .refused, operation,
+                    "run \(runID) of \(run.flow) for \(run.subject) is \(run.status.rawValue) and no longer advances",
+                    hint: "Start it over with `hopctl restart --flow \(run.flow) --subject \(run.subject)`")
+            }
             let holder = run.owner.map { "another engine (\(Incarnation.label(of: $0)))" } ?? "no engine"
             throw refuse(
                 .refused, operation, "run \(runID) is held by \(holder); this engine no longer executes it",
                 hint: "Nothing to do: the engine that holds the run carries it on")
         }
-        return run
+        return head
     }
 
-    func requireRunning(_ runID: Int64, owner: String? = nil, operation: String) throws -> RunRecord {
-        let run = try requireUnfinished(runID, owner: owner, operation: operation)
-        guard run.status == .running else {
-            throw refuse(.refused, operation, "run \(runID) is \(run.status.rawValue)")
+    func requireRunning(_ runID: Int64, owner: String? = nil, operation: String) throws -> RunHead {
+        let head = try requireUnfinished(runID, owner: owner, operation: operation)
+        guard head.status == .running else {
+            throw refuse(.refused, operation, "run \(runID) is \(head.status.rawValue)")
         }
-        return run
+        return head
     }
 
     func noUnfinishedRun(flow: String, subject: String, operation: String) -> HopError {
         refuse(
             .notFound, operation, "there is no unfinished run of flow '\(flow)' for subject '\(subject)'",
             hint: "Check the names with `hopctl status`")
+    }
+}
+
+/// The columns of a run's row that a write checks before it records (``WriteTransaction/requireUnfinished(_:owner:operation:)``).
+struct RunHead {
+    static let columns = "id, subject, status, owner, current_step, current_token"
+
+    let id: Int64
+    let subject: String
+    let status: RunStatus
+    let owner: String?
+    let currentStep: String?
+    let currentToken: String?
+
+    init(row: Row) {
+        id = row.int64(0)
+        subject = row.text(1)
+        status = RunStatus(rawValue: row.text(2)) ?? .failed
+        owner = row.optionalText(3)
+        currentStep = row.optionalText(4)
+        currentToken = row.optionalText(5)
+    }
+
+    init(_ run: RunRecord) {
+        id = run.id
+        subject = run.subject
+        status = run.status
+        owner = run.owner
+        currentStep = run.currentStep
+        currentToken = run.currentToken
     }
 }
