@@ -43,6 +43,31 @@ import Testing
         #expect(run.status == .parked && run.currentStep == "onboarding" && run.currentToken == history[4].token)
     }
 
+    @Test func severalRecordsOfARunAreWrittenTogetherOrNotAtAll() async throws {
+        let folder = try TemporaryDirectory()
+        let store = try await HopStore.open(path: folder.database)
+        let (run, _) = try await store.startRun(flow: "startup", subject: "default", version: "1")
+        let hop = try await store.recordHop(runID: run.id, step: "splash")
+        let token = try #require(hop.token)
+        // The last write is refused (a stale token): the decision and the effect before it are undone too.
+        let refused = await #expect(throws: HopError.self) {
+            try await store.record(
+                [
+                    .decision(name: "isFirstUse(onboarding)", value: "true"), .markUsed(feature: "onboarding"),
+                    .unhop(token: "stale", output: nil),
+                ], runID: run.id, owner: nil, durability: .now)
+        }
+        #expect(refused?.code == .refused)
+        #expect(try await store.history(runID: run.id).map(\.kind) == [.hop])
+        #expect(try await store.isFirstUse(subject: "default", feature: "onboarding"))
+        let entries = try await store.record(
+            [.unhop(token: token, output: nil), .decision(name: "session", value: "null"), .complete],
+            runID: run.id, owner: nil, durability: .now)
+        #expect(entries.map(\.seq) == [2, 3, 4])
+        #expect(entries.map(\.kind) == [.unhop, .decision, .complete])
+        #expect(try await store.run(id: run.id)?.status == .completed)
+    }
+
     @Test func readingARunsHistoryUsesTheIndexNotAScan() async throws {
         let folder = try TemporaryDirectory()
         let store = try await HopStore.open(path: folder.database)

@@ -74,20 +74,6 @@ extension HopStore {
         }
     }
 
-    /// Records that the flow body of run `runID` returned: the run is completed.
-    @discardableResult
-    package func completeRun(
-        runID: Int64, owner: String? = nil, durability: WriteDurability = .now
-    ) async throws -> HistoryEntry {
-        let operation = "complete run \(runID)"
-        return try await write(durability, operation, runID: runID) { tx in
-            _ = try tx.requireRunning(runID, owner: owner, operation: operation)
-            let event = try tx.append(runID: runID, .complete, operation: operation)
-            try tx.setStatus(runID, .completed, operation: operation)
-            return event
-        }
-    }
-
     /// Marks run `runID` diverged: the flow code asked for another path than its history.
     @discardableResult
     package func divergeRun(

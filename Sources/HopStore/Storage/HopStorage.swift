@@ -54,25 +54,18 @@ package protocol HopStorage: Sendable {
     /// `version` (the old run's when `nil`).
     @discardableResult
     func restartRun(flow: String, subject: String, version: String?) async throws -> RunRecord
-    /// Records that the flow body returned: the run is completed.
-    @discardableResult
-    func completeRun(runID: Int64, owner: String?, durability: WriteDurability) async throws -> HistoryEntry
     /// Marks the run diverged: the flow code asked for another path than its history.
     @discardableResult
     func divergeRun(runID: Int64, step: String?, message: String, owner: String?) async throws -> HistoryEntry
 
     // MARK: Recording what a run does
 
-    /// Records a hop to `step` with a fresh token; a parking step parks the run and gives up its lease.
+    /// Applies `writes` for the run in order, as one write fenced by `owner`: all or none.
+    /// Returns the history entry each one appended.
     @discardableResult
-    func recordHop(
-        runID: Int64, step: String, from: String?, parks: Bool, wakeOn: WakeCondition?, deadline: Date?, owner: String?
-    ) async throws -> HistoryEntry
-    /// Ends the step in flight with an unhop, if `token` is its token.
-    @discardableResult
-    func recordUnhop(
-        runID: Int64, token: String, output: String?, owner: String?, durability: WriteDurability
-    ) async throws -> HistoryEntry
+    func record(
+        _ writes: [RunWrite], runID: Int64, owner: String?, durability: WriteDurability
+    ) async throws -> [HistoryEntry]
     /// Ends the step in flight because its deadline passed, if `token` is its token.
     @discardableResult
     func recordTimeout(runID: Int64, token: String, owner: String?) async throws -> HistoryEntry
@@ -80,24 +73,6 @@ package protocol HopStorage: Sendable {
     func unhopParked(
         flow: String, subject: String, step: String, output: String?
     ) async throws -> (run: RunRecord, unhop: HistoryEntry)
-    /// Records the value a condition had when the run read it.
-    @discardableResult
-    func recordDecision(
-        runID: Int64, name: String, value: String, owner: String?, durability: WriteDurability
-    ) async throws -> HistoryEntry
-    /// Records that the run took the new branch of patch `name`.
-    @discardableResult
-    func recordPatch(
-        runID: Int64, name: String, owner: String?, durability: WriteDurability
-    ) async throws -> HistoryEntry
-    /// Records a durable sleep until `deadline`.
-    @discardableResult
-    func recordTimer(runID: Int64, name: String, deadline: Date, owner: String?) async throws -> HistoryEntry
-    /// Marks `feature` used by the run's subject and records the effect, in one transaction.
-    @discardableResult
-    func markUsed(
-        runID: Int64, feature: String, owner: String?, durability: WriteDurability
-    ) async throws -> HistoryEntry
     /// Records that a step threw; with `final`, the run fails.
     @discardableResult
     func recordError(
@@ -164,10 +139,76 @@ extension HopStorage {
     /// The whole history of a run, in order.
     package func history(runID: Int64) async throws -> [HistoryEntry] { try await history(runID: runID, limit: nil) }
 
-    /// Ends the step in flight with an unhop from outside the engine (no owner), durably.
+    /// Applies one write for the run (see ``record(_:runID:owner:durability:)``) and returns its entry.
     @discardableResult
-    package func recordUnhop(runID: Int64, token: String, output: String? = nil) async throws -> HistoryEntry {
-        try await recordUnhop(runID: runID, token: token, output: output, owner: nil, durability: .now)
+    package func record(
+        _ write: RunWrite, runID: Int64, owner: String? = nil, durability: WriteDurability = .now
+    ) async throws -> HistoryEntry {
+        guard let entry = try await record([write], runID: runID, owner: owner, durability: durability).first else {
+            throw HopError(
+                .sqlite, operation: write.operation(runID: runID), path: location,
+                reason: "no history entry was written")
+        }
+        return entry
+    }
+
+    /// Records a hop of run `runID` to `step` with a fresh token.
+    @discardableResult
+    package func recordHop(
+        runID: Int64, step: String, from: String? = nil, parks: Bool = false, wakeOn: WakeCondition? = nil,
+        deadline: Date? = nil, owner: String? = nil
+    ) async throws -> HistoryEntry {
+        try await record(
+            .hop(step: step, from: from, parks: parks, wakeOn: wakeOn, deadline: deadline), runID: runID, owner: owner)
+    }
+
+    /// Ends the step in flight of run `runID` with an unhop, if `token` is its token; by default
+    /// from outside the engine (no owner), durably.
+    @discardableResult
+    package func recordUnhop(
+        runID: Int64, token: String, output: String? = nil, owner: String? = nil, durability: WriteDurability = .now
+    ) async throws -> HistoryEntry {
+        try await record(.unhop(token: token, output: output), runID: runID, owner: owner, durability: durability)
+    }
+
+    /// Records the value a condition had when run `runID` read it.
+    @discardableResult
+    package func recordDecision(
+        runID: Int64, name: String, value: String, owner: String? = nil, durability: WriteDurability = .now
+    ) async throws -> HistoryEntry {
+        try await record(.decision(name: name, value: value), runID: runID, owner: owner, durability: durability)
+    }
+
+    /// Records that run `runID` took the new branch of patch `name`.
+    @discardableResult
+    package func recordPatch(
+        runID: Int64, name: String, owner: String? = nil, durability: WriteDurability = .now
+    ) async throws -> HistoryEntry {
+        try await record(.patch(name: name), runID: runID, owner: owner, durability: durability)
+    }
+
+    /// Records a durable sleep of run `runID` until `deadline`.
+    @discardableResult
+    package func recordTimer(
+        runID: Int64, name: String, deadline: Date, owner: String? = nil
+    ) async throws -> HistoryEntry {
+        try await record(.timer(name: name, deadline: deadline), runID: runID, owner: owner)
+    }
+
+    /// Marks `feature` used by the subject of run `runID` and records the effect, in one write.
+    @discardableResult
+    package func markUsed(
+        runID: Int64, feature: String, owner: String? = nil, durability: WriteDurability = .now
+    ) async throws -> HistoryEntry {
+        try await record(.markUsed(feature: feature), runID: runID, owner: owner, durability: durability)
+    }
+
+    /// Records that the flow body of run `runID` returned: the run is completed.
+    @discardableResult
+    package func completeRun(
+        runID: Int64, owner: String? = nil, durability: WriteDurability = .now
+    ) async throws -> HistoryEntry {
+        try await record(.complete, runID: runID, owner: owner, durability: durability)
     }
 
     /// Starts a run of `flow` for `subject` that any engine may claim, durably, or returns the unfinished one.
