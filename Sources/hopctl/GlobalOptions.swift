@@ -67,7 +67,7 @@ extension GlobalOptions {
     }
 
     /// The commands that only read.
-    static let readCommands: Set<String> = ["status", "history", "graph"]
+    static let readCommands: Set<String> = ["status", "history", "graph", "backup"]
 
     private static func withoutBusyTimeout(_ options: [String]) -> [String] {
         var kept: [String] = []
