@@ -69,7 +69,9 @@ import Testing
     @Test func aFrozenOwnerLosesItsRunOnlyWhenTheLeaseExpiresAndThenWritesNothing() async throws {
         let folder = try TemporaryDirectory()
         // A: splash takes forever. B: the same label, a normal splash.
-        let arguments = ["--db", folder.database, "--external", "--engine-id", "twin", "--lease", "1"]
+        // A lease of 3 s, renewed every second: a loaded machine (the whole suite runs at once on
+        // 2 cores) must not starve A past it before the test freezes A on purpose.
+        let arguments = ["--db", folder.database, "--external", "--engine-id", "twin", "--lease", "3"]
         let owner = try ChildProcess(
             "hop-test-daemon", arguments, environment: ["HOP_TEST_SLOW_SPLASH": "1"], directory: folder)
         defer {
