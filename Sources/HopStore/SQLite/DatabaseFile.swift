@@ -19,7 +19,7 @@ enum DatabaseFile {
     /// Checks `path` and, with `create`, creates the file (mode 0600, its folder 0700) when missing.
     /// - Returns: whether this call created the file.
     static func adopt(_ path: String, create: Bool) throws -> Bool {
-        if path.isEmpty || path == ":memory:" || path.hasPrefix("file:") {
+        if !isFilePath(path) {
             throw refusal(
                 path,
                 "'\(path)' is not a database file path: Hop keeps its state in a file (no in-memory database, no URI)",
@@ -39,6 +39,11 @@ enum DatabaseFile {
         try check(path, info)
         try keepPrivate(path, info)
         return false
+    }
+
+    /// Whether `path` names a file, not SQLite's in-memory database or a URI.
+    static func isFilePath(_ path: String) -> Bool {
+        !(path.isEmpty || path == ":memory:" || path.hasPrefix("file:"))
     }
 
     /// After `error` opening or setting up a database this process created: removes the file if

@@ -64,7 +64,7 @@ extension HopStore {
     /// Creates `target` empty and private (mode 0600), refusing one that exists: `VACUUM INTO`
     /// writes into an empty file and keeps its mode.
     private static func createBackupFile(_ target: String, operation: String) throws {
-        if target.isEmpty || target == ":memory:" || target.hasPrefix("file:") {
+        if !DatabaseFile.isFilePath(target) {
             throw HopError(
                 .cannotOpen, operation: operation, path: target, reason: "'\(target)' is not a file path",
                 hint: "Give the path of a new file, e.g. /var/backups/hop-$(date +%F).sqlite")

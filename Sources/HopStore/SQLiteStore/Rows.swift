@@ -27,6 +27,19 @@ extension RunRecord {
     }
 }
 
+extension RunHead {
+    static let columns = "id, subject, status, owner, current_step, current_token"
+
+    init(row: Row) {
+        id = row.int64(0)
+        subject = row.text(1)
+        status = RunStatus(rawValue: row.text(2)) ?? .failed
+        owner = row.optionalText(3)
+        currentStep = row.optionalText(4)
+        currentToken = row.optionalText(5)
+    }
+}
+
 extension HistoryEntry {
     static let columns = "run_id, seq, kind, step, token, value, at"
 

@@ -203,23 +203,12 @@ extension WriteTransaction {
 
 /// The columns of a run's row that a write checks before it records (``WriteTransaction/requireUnfinished(_:owner:operation:)``).
 struct RunHead {
-    static let columns = "id, subject, status, owner, current_step, current_token"
-
     let id: Int64
     let subject: String
     let status: RunStatus
     let owner: String?
     let currentStep: String?
     let currentToken: String?
-
-    init(row: Row) {
-        id = row.int64(0)
-        subject = row.text(1)
-        status = RunStatus(rawValue: row.text(2)) ?? .failed
-        owner = row.optionalText(3)
-        currentStep = row.optionalText(4)
-        currentToken = row.optionalText(5)
-    }
 
     init(_ run: RunRecord) {
         id = run.id
