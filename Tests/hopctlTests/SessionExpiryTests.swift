@@ -86,12 +86,16 @@ import Testing
         let first = try ChildProcess(
             "hop-test-daemon", ["--db", folder.database, "--external", "--reroute"], directory: folder)
         try await first.waitForOutput("parked login")
-        #expect(try await hopctl(["session", "login", "alice", "--expires-in", "1s"], in: folder).status == 0)
+        // An expiry of 3 s: the daemon is killed well before it, even on a machine loaded by the
+        // whole suite (with 1 s, a slow kill let the daemon itself see the expiry first).
+        #expect(try await hopctl(["session", "login", "alice", "--expires-in", "3s"], in: folder).status == 0)
         try await first.waitForOutput("parked main", timeout: .seconds(5))
         first.kill()
         try await first.waitForExit()
-        let expiry = try #require(try await store.history(runID: 1).last).at.addingTimeInterval(1)
-        try await waitUntil("the session has expired", timeout: .seconds(5)) { Date() > expiry.addingTimeInterval(0.2) }
+        let expiry = try #require(try await store.history(runID: 1).last).at.addingTimeInterval(3)
+        try await waitUntil("the session has expired", timeout: .seconds(10)) {
+            Date() > expiry.addingTimeInterval(0.2)
+        }
         #expect(try await store.run(id: 1)?.currentStep == "main", "nothing moved the run while no daemon ran")
 
         let second = try ChildProcess(
