@@ -26,8 +26,9 @@ import Logging
 //   --subjects N runs the flow for subjects user-0 … user-(N-1) (with --external), prints "started N"
 //                once every run is parked, and serves until its standard input closes
 //   --mixed N    runs the flow "mixed" for subjects mixed-0 … mixed-(N-1), a third of them each in a
-//                step that works until the file PATH.release exists, in a durable sleep of 3 s, and
-//                parked on an external step with a 3 s timeout; prints "started N" once every run is
+//                step that works until the file PATH.release exists, in a durable sleep of 10 s, and
+//                parked on an external step with a 10 s timeout (long enough that a loaded machine
+//                starts all N before the first sleep or timeout is due); prints "started N" once every run is
 //                there, and serves until standard input closes
 // Environment:
 //   HOP_TEST_KILL_AT=<point>   SIGKILL this process at the point, e.g. "before:hop:splash", "after:unhop:login"
@@ -197,8 +198,8 @@ do {
         Flow("mixed", version: "1") { flow in
             switch flow.subject.split(separator: "-").last.flatMap({ Int($0) }).map({ $0 % 3 }) {
             case 0: try await flow.hop(to: "work")
-            case 1: try await flow.sleep(for: .seconds(3), name: "nap")
-            default: try await flow.hop(to: "wait", timeout: .seconds(3))
+            case 1: try await flow.sleep(for: .seconds(10), name: "nap")
+            default: try await flow.hop(to: "wait", timeout: .seconds(10))
             }
             try await flow.hop(to: "done")
         })
