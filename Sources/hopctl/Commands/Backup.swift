@@ -3,6 +3,7 @@ import HopStore
 
 struct Backup: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
+        commandName: "backup",
         abstract: "Write a consistent, checked copy of the database to a new file, while daemons run.",
         discussion: """
             The copy is one snapshot of the database (SQLite's VACUUM INTO), private (mode 0600), \

@@ -3,6 +3,7 @@ import HopStore
 
 struct Fork: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
+        commandName: "fork",
         abstract: "Start a new run that takes a run's history up to an entry as done and continues on current code.",
         discussion: """
             For a run that diverged after a code change, or is stuck: the new run takes entries 1 to \

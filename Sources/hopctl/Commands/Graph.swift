@@ -3,6 +3,7 @@ import HopStore
 
 struct Graph: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
+        commandName: "graph",
         abstract: "The graph of hops observed in all runs of a flow, edges labelled with how often they were taken.")
 
     enum Format: String, ExpressibleByArgument, CaseIterable {

@@ -3,6 +3,7 @@ import HopStore
 
 struct History: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
+        commandName: "history",
         abstract: "A run's hop history in order (the latest run of the flow for the subject by default).",
         discussion: """
             With --all-runs, the histories of every run of the flow, for every subject, oldest first: \

@@ -3,6 +3,7 @@ import HopStore
 
 struct Migrate: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
+        commandName: "migrate",
         abstract: "Create the database, or upgrade its schema; prints the schema version.")
 
     @OptionGroup var global: GlobalOptions

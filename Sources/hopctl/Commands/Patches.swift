@@ -3,6 +3,7 @@ import HopStore
 
 struct Patches: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
+        commandName: "patches",
         abstract: "The patches of a flow's code that runs took, or the runs that may still need one's old branch.",
         discussion: """
             Without --patch: one line per patch whose new branch a run took (its marker in history): how \

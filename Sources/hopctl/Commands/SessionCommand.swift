@@ -16,6 +16,7 @@ struct SessionCommand: AsyncParsableCommand {
 
     struct Login: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
+            commandName: "login",
             abstract: "Store a session for USER; a run parked on a login step moves on.",
             discussion:
                 "The token is read from standard input with --token-stdin, or generated. It is never taken as an argument, which would leave it in shell history and `ps`."
@@ -106,7 +107,8 @@ struct SessionCommand: AsyncParsableCommand {
     }
 
     struct Logout: AsyncParsableCommand {
-        static let configuration = CommandConfiguration(abstract: "Remove the subject's stored session.")
+        static let configuration = CommandConfiguration(
+            commandName: "logout", abstract: "Remove the subject's stored session.")
 
         @OptionGroup var global: GlobalOptions
         @OptionGroup var subjectOption: SubjectOption
@@ -126,6 +128,7 @@ struct SessionCommand: AsyncParsableCommand {
 
     struct Show: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
+            commandName: "show",
             abstract: "The subject's stored session; the token redacted unless --reveal-token.")
 
         @OptionGroup var global: ReadOptions

@@ -11,6 +11,7 @@ extension RunStatus: ExpressibleByArgument {}
 
 struct Status: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
+        commandName: "status",
         abstract:
             "One line per run: flow, subject, status, current step, owner, last change (latest run of each flow and subject).",
         discussion: """

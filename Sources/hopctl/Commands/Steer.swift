@@ -15,6 +15,7 @@ struct RunSelection: ParsableArguments {
 
 struct Unhop: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
+        commandName: "unhop",
         abstract: "Finish the step the run is parked on, exactly once; a running daemon proceeds at once.",
         discussion: """
             The step is named, so a retried command never finishes the step after it: when the run is \
@@ -54,6 +55,7 @@ struct Unhop: AsyncParsableCommand {
 
 struct Cancel: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
+        commandName: "cancel",
         abstract: "Cancel the run: it never advances again. Its history is kept.")
 
     @OptionGroup var global: GlobalOptions
@@ -69,6 +71,7 @@ struct Cancel: AsyncParsableCommand {
 
 struct Restart: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
+        commandName: "restart",
         abstract:
             "Start the flow over: a new run begins from the first step the next time the daemon runs it. The old run's history is kept."
     )
@@ -143,6 +146,7 @@ struct FirstUse: AsyncParsableCommand {
 
     struct List: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
+            commandName: "list",
             abstract: "The features the subject has used; any other is on its first use.")
 
         @OptionGroup var global: ReadOptions
