@@ -21,7 +21,8 @@ struct Hopctl: AsyncParsableCommand {
             """,
         version: "hopctl \(HopVersion.current)",
         subcommands: [
-            Migrate.self, Status.self, History.self, Unhop.self, Cancel.self, Restart.self, ResetFirstUse.self,
+            Migrate.self, Status.self, History.self, Start.self, Unhop.self, Cancel.self, Restart.self,
+            ResetFirstUse.self,
             FirstUse.self, SessionCommand.self, Graph.self, Patches.self, Fork.self, Backup.self,
         ]
     )

@@ -134,7 +134,7 @@ import Testing
         let folder = try TemporaryDirectory()
         for command in [
             [], ["migrate"], ["status"], ["history"], ["unhop"], ["cancel"], ["restart"], ["reset-first-use"],
-            ["first-use", "list"],
+            ["first-use", "list"], ["start"], ["patches"], ["fork"], ["backup"],
             ["session", "login"], ["session", "logout"], ["session", "show"], ["graph"],
         ] {
             let result = try await run("hopctl", command + ["--help"], in: folder)

@@ -34,6 +34,63 @@ extension HopStore {
         return started
     }
 
+    /// Records a new run of `flow` for `subject`, from outside any engine (`hopctl start`): no
+    /// engine holds it, so the first engine with the flow's version that notices the change
+    /// claims it and executes it from the first step.
+    ///
+    /// - Parameters:
+    ///   - version: the flow version the run executes on; `nil` takes the version of the flow's
+    ///     newest run here (for any subject), the one a daemon last started.
+    ///   - allowingNewFlow: record the run even when no run of `flow` exists here yet (a new
+    ///     flow, or a mistyped name); `version` is then required.
+    /// - Throws: `.refused`, changing nothing, when the subject has an unfinished run of the flow
+    ///   (naming it), or when no run of `flow` exists here and `allowingNewFlow` is false (naming
+    ///   the flows that do exist), or when `version` is missing for a new flow.
+    @discardableResult
+    public func startNewRun(
+        flow: String, subject: String, version: String? = nil, allowingNewFlow: Bool = false
+    ) async throws -> RunRecord {
+        try validate(flow, as: "flow name")
+        try validate(subject, as: "subject")
+        if let version { try validate(version, as: "flow version") }
+        let operation = "start \(flow) for \(subject)"
+        let run = try await transaction(operation) { tx in
+            if let existing = try tx.unfinishedRun(flow: flow, subject: subject, operation: operation) {
+                let place = existing.currentStep.map { " at step '\($0)'" } ?? ""
+                throw tx.refuse(
+                    .refused, operation,
+                    "run \(existing.id) of flow '\(flow)' for subject '\(subject)' is unfinished (\(existing.status.rawValue)\(place)); a subject has at most one unfinished run of a flow",
+                    hint: "Let it finish, or end it first with `hopctl cancel` (or start over with `hopctl restart`)")
+            }
+            let newest = try tx.queryOne(
+                "SELECT flow_version FROM runs WHERE flow = ?1 ORDER BY id DESC LIMIT 1", [.text(flow)],
+                operation: operation
+            ) { $0.text(0) }
+            if newest == nil && !allowingNewFlow {
+                let known = try tx.query(
+                    "SELECT DISTINCT flow FROM runs ORDER BY flow", [], operation: operation
+                ) { $0.text(0) }
+                let listed =
+                    known.isEmpty
+                    ? "no flow has run here yet" : "the flows that ran here: \(known.joined(separator: ", "))"
+                throw tx.refuse(
+                    .refused, operation, "no run of flow '\(flow)' has ever run here (\(listed))",
+                    hint:
+                        "Check the flow's name; to start the first run of a flow a daemon has registered, pass --force and its --version"
+                )
+            }
+            guard let chosen = version ?? newest else {
+                throw tx.refuse(
+                    .refused, operation, "no run of flow '\(flow)' has run here to take the flow version from",
+                    hint: "Pass the flow version the daemon registered (--version)")
+            }
+            return try tx.insertRun(flow: flow, subject: subject, version: chosen, operation: operation)
+        }
+        // A run whose records were lost may leave its id to the new one.
+        forgetLostRuns([run.id])
+        return run
+    }
+
     /// Cancels the unfinished run of `flow` for `subject`: it never advances again. History is kept.
     /// - Throws: `.notFound` when the subject has no unfinished run of the flow.
     @discardableResult

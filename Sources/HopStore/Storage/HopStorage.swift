@@ -50,6 +50,12 @@ package protocol HopStorage: Sendable {
     /// Cancels the unfinished run of `flow` for `subject`; `.notFound` without one.
     @discardableResult
     func cancelRun(flow: String, subject: String, reason: String) async throws -> RunRecord
+    /// Records a new run of `flow` for `subject` that no engine holds, on `version` (the flow's
+    /// newest run's when `nil`), for the first engine with that version to claim (`hopctl start`).
+    /// Refused while the subject has an unfinished run of the flow, and for a flow with no run
+    /// here unless `allowingNewFlow`.
+    @discardableResult
+    func startNewRun(flow: String, subject: String, version: String?, allowingNewFlow: Bool) async throws -> RunRecord
     /// Ends the latest run of `flow` for `subject` and creates a new one that starts over, on
     /// `version` (the old run's when `nil`).
     @discardableResult

@@ -1,0 +1,42 @@
+import ArgumentParser
+import HopStore
+
+struct Start: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "start",
+        abstract: "Start a run of a flow for a subject; a daemon that runs the flow picks it up at once.",
+        discussion: """
+            The run is recorded with no owner; the first daemon with the flow's version that sees \
+            the change claims it and executes it from the first step, as it would a run it started \
+            itself. The version is --version, else that of the flow's newest run here. Refused, \
+            changing nothing, when the subject has an unfinished run of the flow (`hopctl status` \
+            shows it), and when no run of the flow has ever run here (a mistyped name, say): pass \
+            --force with --version to start the first run of a flow a daemon has registered.
+            """)
+
+    @OptionGroup var global: GlobalOptions
+    @OptionGroup var selection: RunSelection
+    @OptionGroup var output: OutputOptions
+
+    @Option(
+        help: ArgumentHelp(
+            "The flow version the run executes on (default: that of the flow's newest run here).", valueName: "v"))
+    var version: String?
+
+    @Flag(help: "Start the run even when no run of the flow has run here yet (needs --version).")
+    var force = false
+
+    func validate() throws {
+        if let version { try checkIdentifier(version, as: "flow version") }
+    }
+
+    func run() async throws {
+        let store = try await global.openForWriting()
+        let run = try await store.startNewRun(
+            flow: selection.flow, subject: selection.subject, version: version, allowingNewFlow: force)
+        if output.json { return try Output.json(RunJSON(run)) }
+        Output.line(
+            "started run \(run.id) of \(Output.printable(run.flow)) for \(Output.printable(run.subject)) (version \(Output.printable(run.flowVersion))); a daemon that runs the flow picks it up"
+        )
+    }
+}
