@@ -146,6 +146,7 @@ let package = Package(
             name: "HopReliabilityTests",
             dependencies: [
                 "HopEngine", "HopStore", "CSQLite", "CHopFaultVFS", "HopTestSupport", "hop-test-faults", "hopctl",
+                "hop-test-store", "hop-test-daemon",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "InMemoryLogging", package: "swift-log"),
             ]

@@ -23,7 +23,7 @@ struct Hopctl: AsyncParsableCommand {
         subcommands: [
             Migrate.self, Status.self, History.self, Start.self, Unhop.self, Cancel.self, Restart.self,
             ResetFirstUse.self,
-            FirstUse.self, SessionCommand.self, Graph.self, Patches.self, Fork.self, Backup.self,
+            FirstUse.self, SessionCommand.self, Graph.self, Patches.self, Fork.self, Backup.self, Prune.self,
         ]
     )
 

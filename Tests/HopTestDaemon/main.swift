@@ -30,6 +30,8 @@ import Logging
 //                parked on an external step with a 10 s timeout (long enough that a loaded machine
 //                starts all N before the first sleep or timeout is due); prints "started N" once every run is
 //                there, and serves until standard input closes
+//   --retention S prunes runs that finished more than S seconds ago, keeping each subject's newest,
+//                every 100 ms (Configuration.retention)
 // Environment:
 //   HOP_TEST_KILL_AT=<point>   SIGKILL this process at the point, e.g. "before:hop:splash", "after:unhop:login"
 //   HOP_TEST_FAILS=<n>         splash throws on its first n attempts (it is tried up to 3 times)
@@ -52,6 +54,7 @@ struct Options {
     var waitAll = false
     var code: String?
     var patch = false
+    var retention: Double?
 
     static func parse() -> Options {
         var options = Options()
@@ -72,6 +75,7 @@ struct Options {
             case "--wait-all": options.waitAll = true
             case "--code": options.code = arguments.popFirst()
             case "--patch": options.patch = true
+            case "--retention": options.retention = Double(arguments.popFirst() ?? "")
             default:
                 FileHandle.standardError.write(Data("unknown argument \(argument)\n".utf8))
                 exit(64)
@@ -155,7 +159,10 @@ do {
         configuration: .init(
             pollInterval: .milliseconds(20), leaseDuration: .milliseconds(Int64(options.lease * 1000)),
             observer: observer,
-            engineID: options.engineID))
+            engineID: options.engineID,
+            retention: options.retention.map {
+                HopEngine.Retention(finishedAfter: .milliseconds(Int64($0 * 1000)), interval: .milliseconds(100))
+            }))
     for version in options.versions.isEmpty ? [version] : options.versions {
         engine.register(startupFlow(version: version))
     }

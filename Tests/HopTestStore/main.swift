@@ -9,6 +9,12 @@ import HopStore
 //        hop-test-store set-history-step PATH RUN SEQ STEP
 //                                       renames the step of one history entry, as if an older flow
 //                                       version had recorded it (to make a run diverge)
+//        hop-test-store fill-finished PATH N DAYS
+//                                       adds N completed runs of the flow "archive" (subjects device-0 …
+//                                       device-999, in turn), five history entries each, that finished
+//                                       DAYS days ago, in one transaction
+//        hop-test-store no-auto-vacuum PATH
+//                                       rewrites the database without auto-vacuum, as Hop 0.1 created it
 // HOP_TEST_UMASK=<octal> sets the process's umask first.
 
 if let mask = ProcessInfo.processInfo.environment["HOP_TEST_UMASK"], let value = mode_t(mask, radix: 8) {
@@ -32,6 +38,51 @@ if arguments.count == 6, arguments[1] == "set-history-step", let run = Int64(arg
         exit(1)
     }
     sqlite3_finalize(statement)
+    sqlite3_close(db)
+    exit(0)
+}
+if arguments.count == 5, arguments[1] == "fill-finished", let count = Int64(arguments[3]),
+    let days = Int64(arguments[4])
+{
+    var db: OpaquePointer?
+    let at = Int64(Date().timeIntervalSince1970 * 1000) - days * 86_400_000
+    func exec(_ sql: String, _ values: [Int64]) -> Bool {
+        var statement: OpaquePointer?
+        defer { sqlite3_finalize(statement) }
+        guard sqlite3_prepare_v2(db, sql, -1, &statement, nil) == SQLITE_OK else { return false }
+        for (index, value) in values.enumerated() { sqlite3_bind_int64(statement, Int32(index + 1), value) }
+        return sqlite3_step(statement) == SQLITE_DONE
+    }
+    guard sqlite3_open(arguments[2], &db) == SQLITE_OK, exec("BEGIN IMMEDIATE", []),
+        exec(
+            """
+            WITH RECURSIVE c(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM c WHERE i + 1 < ?1)
+            INSERT INTO runs (flow, subject, flow_version, status, created_at, updated_at)
+            SELECT 'archive', 'device-' || (i % 1000), '1', 'completed', ?2, ?2 FROM c
+            """, [count, at]),
+        exec(
+            """
+            WITH RECURSIVE q(seq) AS (SELECT 1 UNION ALL SELECT seq + 1 FROM q WHERE seq < 5)
+            INSERT INTO history (run_id, seq, kind, step, at)
+            SELECT r.id, q.seq, 'hop', 'step-' || q.seq, ?1 FROM runs r CROSS JOIN q
+            WHERE r.id > (SELECT max(id) FROM runs) - ?2
+            """, [at, count]),
+        exec("COMMIT", [])
+    else {
+        FileHandle.standardError.write(Data("cannot add runs: \(String(cString: sqlite3_errmsg(db)))\n".utf8))
+        exit(1)
+    }
+    sqlite3_close(db)
+    exit(0)
+}
+if arguments.count == 3, arguments[1] == "no-auto-vacuum" {
+    var db: OpaquePointer?
+    guard sqlite3_open(arguments[2], &db) == SQLITE_OK,
+        sqlite3_exec(db, "PRAGMA auto_vacuum = NONE; VACUUM", nil, nil, nil) == SQLITE_OK
+    else {
+        FileHandle.standardError.write(Data("cannot rewrite: \(String(cString: sqlite3_errmsg(db)))\n".utf8))
+        exit(1)
+    }
     sqlite3_close(db)
     exit(0)
 }

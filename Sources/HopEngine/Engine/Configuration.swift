@@ -24,18 +24,48 @@ extension HopEngine {
         /// the rest in the database (for this engine later, or another engine now). Runs parked
         /// on an external step hold no place.
         public var maxConcurrentRuns = 10_000
+        /// Removes finished runs and their history periodically while the engine runs (as
+        /// `hopctl prune` does); `nil`, the default, keeps every run.
+        public var retention: Retention?
 
         public init(
             pollInterval: Duration = .milliseconds(50), leaseDuration: Duration = .seconds(10),
             observer: (@Sendable (EngineEvent) -> Void)? = nil, metricsFactory: (any MetricsFactory)? = nil,
-            engineID: String? = nil, maxConcurrentRuns: Int = 10_000
+            engineID: String? = nil, maxConcurrentRuns: Int = 10_000, retention: Retention? = nil
         ) {
+            self.retention = retention
             self.maxConcurrentRuns = maxConcurrentRuns
             self.pollInterval = pollInterval
             self.leaseDuration = leaseDuration
             self.observer = observer
             self.metricsFactory = metricsFactory
             self.engineID = engineID
+        }
+    }
+}
+
+extension HopEngine {
+    /// Which finished runs a running engine removes, and how often it looks (see
+    /// ``Configuration/retention``). Unfinished runs, first-use flags and sessions are never
+    /// removed; each prune goes a batch of runs per transaction, beside the engine's own writes.
+    public struct Retention: Sendable, Equatable {
+        /// Runs that finished longer ago than this are removed.
+        public var finishedAfter: Duration
+        /// The newest runs of each flow and subject kept whatever their age (1: `hopctl status`
+        /// still shows how each subject's flow last ended).
+        public var keepLast: Int
+        /// Only runs of this flow; every flow when `nil`.
+        public var flow: String?
+        /// How often the engine prunes; the first prune comes when the engine has resumed its runs.
+        public var interval: Duration
+
+        public init(
+            finishedAfter: Duration, keepLast: Int = 1, flow: String? = nil, interval: Duration = .seconds(3600)
+        ) {
+            self.finishedAfter = finishedAfter
+            self.keepLast = keepLast
+            self.flow = flow
+            self.interval = interval
         }
     }
 }

@@ -29,7 +29,12 @@ extension HopEngine: Service {
                     "\(environment.flowVersions.sorted { $0.key < $1.key }.map { "\($0.key)@\($0.value.joined(separator: "+"))" }.joined(separator: ","))",
             ])
         await cancelWhenGracefulShutdown {
-            await self.watch()
+            await withTaskGroup(of: Void.self) { group in
+                if let retention = self.configuration.retention {
+                    group.addTask { await self.retain(retention) }
+                }
+                group.addTask { await self.watch() }
+            }
         }
         await stopExecuting()
         do {
@@ -66,6 +71,37 @@ extension HopEngine: Service {
                 return
             } catch {
                 logger.error("cannot check the database for changes", metadata: ["hop.error": "\(error)"])
+            }
+        }
+    }
+
+    /// Prunes finished runs every `retention.interval` until cancelled.
+    private func retain(_ retention: Retention) async {
+        while !Task.isCancelled {
+            do {
+                let age = retention.finishedAfter.components
+                let seconds = Double(age.seconds) + Double(age.attoseconds) / 1e18
+                let pruning = Pruning(
+                    finishedBefore: Date().addingTimeInterval(-seconds), flow: retention.flow,
+                    keepLast: retention.keepLast)
+                let report = try await storage.prune(pruning, dryRun: false)
+                if report.runs > 0 {
+                    logger.info(
+                        "pruned finished runs",
+                        metadata: [
+                            "hop.pruned.runs": "\(report.runs)", "hop.pruned.entries": "\(report.historyEntries)",
+                            "hop.pruned.bytes": "\(report.reclaimedBytes)",
+                        ])
+                }
+            } catch is CancellationError {
+                return
+            } catch {
+                logger.error("cannot prune finished runs", metadata: ["hop.error": "\(error)"])
+            }
+            do {
+                try await Task.sleep(for: retention.interval)
+            } catch {
+                return
             }
         }
     }

@@ -43,7 +43,10 @@ final class Connection {
         sqlite3_busy_timeout(handle, Int32(clamping: milliseconds))
         do {
             // Reading the schema first turns "not a database" into a clear error before any pragma writes.
-            try execute("SELECT count(*) FROM sqlite_schema", operation: "open")
+            let tables = try queryOne("SELECT count(*) FROM sqlite_schema", [], operation: "open") { $0.int64(0) }
+            // A new database frees the pages of pruned runs a few at a time (`HopStore.prune`);
+            // the mode can only be chosen before the first table exists.
+            if tables == 0 { try execute("PRAGMA auto_vacuum = INCREMENTAL", operation: "open") }
             try setWAL(timeout: busyTimeout)
             try execute("PRAGMA synchronous = \(durability == .full ? "FULL" : "NORMAL")", operation: "open")
             try execute("PRAGMA foreign_keys = ON", operation: "open")

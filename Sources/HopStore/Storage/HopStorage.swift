@@ -56,6 +56,9 @@ package protocol HopStorage: Sendable {
     /// here unless `allowingNewFlow`.
     @discardableResult
     func startNewRun(flow: String, subject: String, version: String?, allowingNewFlow: Bool) async throws -> RunRecord
+    /// Removes the finished runs `pruning` selects, with their history, a batch per transaction;
+    /// with `dryRun`, counts them and changes nothing.
+    func prune(_ pruning: Pruning, dryRun: Bool) async throws -> PruneReport
     /// Ends the latest run of `flow` for `subject` and creates a new one that starts over, on
     /// `version` (the old run's when `nil`).
     @discardableResult

@@ -1,0 +1,169 @@
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
+import Foundation
+#endif
+
+/// Retention: deleting finished runs and their history, in short transactions beside daemons.
+extension HopStore {
+    /// Removes the runs `pruning` selects with their history, a batch per transaction, so that a
+    /// daemon beside it waits at most one batch for the write lock; then gives the freed pages
+    /// back to the file system, a few at a time, when the database is in incremental auto-vacuum
+    /// mode (every database Hop creates is). Unfinished runs, first-use flags and sessions are
+    /// never removed, nor the run with the highest id (so that no id is ever used twice).
+    ///
+    /// - Parameter dryRun: count what would be removed and change nothing.
+    /// - Returns: what was removed (or would be, with `dryRun`).
+    public func prune(_ pruning: Pruning, dryRun: Bool = false) async throws -> PruneReport {
+        if let flow = pruning.flow { try validate(flow, as: "flow name") }
+        let operation = "prune runs finished before \(Clock.milliseconds(pruning.finishedBefore))"
+        let selection = """
+            FROM runs r
+            WHERE r.status NOT IN \(RunStatus.unfinishedSQL) AND r.updated_at < ?1 AND (?2 IS NULL OR r.flow = ?2)
+                AND r.id < (SELECT max(id) FROM runs)
+                AND (SELECT count(*) FROM (
+                    SELECT 1 FROM runs n WHERE n.flow = r.flow AND n.subject = r.subject AND n.id > r.id LIMIT ?3
+                )) >= ?3
+            """
+        let arguments: [SQLValue] = [
+            .integer(Clock.milliseconds(pruning.finishedBefore)), pruning.flow.map(SQLValue.text) ?? .null,
+            .integer(Int64(max(0, pruning.keepLast))),
+        ]
+        if dryRun {
+            let counts = try connection.queryOne(
+                "SELECT count(*), coalesce(sum((SELECT count(*) FROM history h WHERE h.run_id = r.id)), 0) \(selection)",
+                arguments, operation: operation
+            ) { (Int($0.int64(0)), Int($0.int64(1))) }
+            return PruneReport(
+                runs: counts?.0 ?? 0, historyEntries: counts?.1 ?? 0, batches: 0, reclaimedBytes: 0,
+                reclaimsIncrementally: try reclaimsIncrementally(operation: operation))
+        }
+        var report = PruneReport(
+            runs: 0, historyEntries: 0, batches: 0, reclaimedBytes: 0,
+            reclaimsIncrementally: try reclaimsIncrementally(operation: operation))
+        let batchSize = Int64(max(1, pruning.batchSize))
+        while true {
+            try Task.checkCancellation()
+            let removed: (runs: Int, entries: Int) = try await transaction(operation) { tx in
+                let ids = try tx.query(
+                    "SELECT r.id \(selection) ORDER BY r.id LIMIT ?4", arguments + [.integer(batchSize)],
+                    operation: operation
+                ) {
+                    $0.int64(0)
+                }
+                guard !ids.isEmpty else { return (0, 0) }
+                let list = SQLValue.text(Self.jsonList(ids))
+                let entries = try tx.queryOne(
+                    "SELECT count(*) FROM history WHERE run_id IN (SELECT value FROM json_each(?1))", [list],
+                    operation: operation
+                ) { Int($0.int64(0)) }
+                // The history goes with its run (ON DELETE CASCADE).
+                let runs = try tx.run(
+                    "DELETE FROM runs WHERE id IN (SELECT value FROM json_each(?1))", [list], operation: operation)
+                return (runs, entries ?? 0)
+            }
+            guard removed.runs > 0 else { break }
+            report.runs += removed.runs
+            report.historyEntries += removed.entries
+            report.batches += 1
+        }
+        if report.runs > 0 { report.reclaimedBytes = try await reclaimFreePages(operation: operation) }
+        return report
+    }
+
+    /// Gives free pages back to the file system in short transactions when the database is in
+    /// incremental auto-vacuum mode; returns how many bytes that freed (0 in any other mode: the
+    /// free pages are reused by later writes, and ``vacuum()`` gives them back).
+    @discardableResult
+    public func reclaimFreePages(operation: String = "reclaim free pages") async throws -> Int64 {
+        guard try reclaimsIncrementally(operation: operation) else { return 0 }
+        let pageSize = try connection.queryOne("PRAGMA page_size", [], operation: operation) { $0.int64(0) } ?? 4096
+        var freed: Int64 = 0
+        while true {
+            try Task.checkCancellation()
+            let pages: Int64 = try await transaction(operation) { tx in
+                let before = try tx.queryOne("PRAGMA freelist_count", [], operation: operation) { $0.int64(0) } ?? 0
+                guard before > 0 else { return 0 }
+                try tx.run("PRAGMA incremental_vacuum(2000)", [], operation: operation)
+                let after = try tx.queryOne("PRAGMA freelist_count", [], operation: operation) { $0.int64(0) } ?? 0
+                return before - after
+            }
+            guard pages > 0 else { break }
+            freed += pages * pageSize
+        }
+        // The file shrinks when the log is copied back into it.
+        try makeDurable()
+        try connection.execute("PRAGMA wal_checkpoint(PASSIVE)", operation: operation)
+        return freed
+    }
+
+    /// Whether the database is in incremental auto-vacuum mode (`PRAGMA auto_vacuum` 2).
+    func reclaimsIncrementally(operation: String) throws -> Bool {
+        try connection.queryOne("PRAGMA auto_vacuum", [], operation: operation) { $0.int64(0) } == 2
+    }
+
+    /// Rewrites the whole database (`VACUUM`) in incremental auto-vacuum mode, so that its free
+    /// pages go back to the file system now and later prunes give theirs back as they go. For a
+    /// database created before Hop set that mode. Holds the write lock while it runs (daemons
+    /// wait, up to their busy timeout, then report busy): run it when they are stopped or idle.
+    /// Returns how many bytes the file shrank by.
+    @discardableResult
+    public func vacuum() throws -> Int64 {
+        let operation = "vacuum the database"
+        try makeDurable()
+        let before = try fileBytes(operation: operation)
+        try connection.execute("PRAGMA auto_vacuum = INCREMENTAL", operation: operation)
+        try connection.execute("VACUUM", operation: operation)
+        try connection.execute("PRAGMA wal_checkpoint(TRUNCATE)", operation: operation)
+        return max(0, before - (try fileBytes(operation: operation)))
+    }
+
+    /// The size of the database's pages in use and free, in bytes (the main file once checkpointed).
+    public func fileBytes(operation: String = "read the database's size") throws -> Int64 {
+        let pages = try connection.queryOne("PRAGMA page_count", [], operation: operation) { $0.int64(0) } ?? 0
+        let pageSize = try connection.queryOne("PRAGMA page_size", [], operation: operation) { $0.int64(0) } ?? 4096
+        return pages * pageSize
+    }
+}
+
+/// Which finished runs ``HopStore/prune(_:dryRun:)`` removes.
+public struct Pruning: Sendable, Equatable {
+    /// Runs that finished (their last change) before this moment.
+    public var finishedBefore: Date
+    /// Only runs of this flow; every flow when `nil`.
+    public var flow: String?
+    /// Keep the newest `keepLast` runs of each flow and subject (finished or not), whatever their age.
+    public var keepLast: Int
+    /// Runs removed per transaction: a daemon beside the prune waits for at most one batch.
+    public var batchSize: Int
+
+    public init(finishedBefore: Date, flow: String? = nil, keepLast: Int = 1, batchSize: Int = 500) {
+        self.finishedBefore = finishedBefore
+        self.flow = flow
+        self.keepLast = keepLast
+        self.batchSize = batchSize
+    }
+}
+
+/// What a prune removed.
+public struct PruneReport: Sendable, Equatable {
+    /// Runs removed (or that would be, in a dry run).
+    public var runs: Int
+    /// History entries removed with them.
+    public var historyEntries: Int
+    /// Transactions it took.
+    public var batches: Int
+    /// Bytes given back to the file system (0 unless the database is in incremental auto-vacuum mode).
+    public var reclaimedBytes: Int64
+    /// Whether the database gives freed pages back as it goes (every database Hop created since
+    /// 0.2.0); otherwise they are reused by later writes, and ``HopStore/vacuum()`` gives them back.
+    public var reclaimsIncrementally: Bool
+
+    public init(runs: Int, historyEntries: Int, batches: Int, reclaimedBytes: Int64, reclaimsIncrementally: Bool) {
+        self.runs = runs
+        self.historyEntries = historyEntries
+        self.batches = batches
+        self.reclaimedBytes = reclaimedBytes
+        self.reclaimsIncrementally = reclaimsIncrementally
+    }
+}

@@ -1,0 +1,162 @@
+import Foundation
+import HopStore
+import HopTestSupport
+import Testing
+
+/// `hopctl prune` beside a daemon at work: finished runs go in short transactions, unfinished
+/// ones are never touched, readers and writers go on, and the file gives the space back.
+@Suite struct RetentionTests {
+    @Test func aHundredThousandFinishedRunsArePrunedWhileADaemonHopsAndHopctlReads() async throws {
+        let folder = try TemporaryDirectory()
+        let migrate = try await run("hopctl", ["migrate", "--db", folder.database], in: folder)
+        #expect(migrate.status == 0, "\(migrate.stderr)")
+        let fill = try await run("hop-test-store", ["fill-finished", folder.database, "100000", "60"], in: folder)
+        #expect(fill.status == 0, "\(fill.stderr)")
+        let subjects = (0..<20).map { "user-\($0)" }
+        let daemon = try ChildProcess(
+            "hop-test-daemon", ["--db", folder.database, "--external", "--subjects", "20"], keepInputOpen: true,
+            directory: folder)
+        defer { daemon.kill() }
+        try await daemon.waitForOutput("started 20", timeout: .seconds(60))
+        let store = try await HopStore.open(path: folder.database)
+        try await store.checkpoint()
+        let sizeBefore = try fileSize(folder.database)
+        let unfinishedBefore = try await store.allRuns(flow: "startup").filter { $0.status.isUnfinished }.map(\.id)
+        #expect(unfinishedBefore.count == 20)
+
+        // A device's session and first-use flags are subject state, not history: never pruned.
+        let login = try await run(
+            "hopctl", ["session", "login", "alice", "--subject", "device-5", "--db", folder.database], in: folder)
+        #expect(login.status == 0, "\(login.stderr)")
+        try await store.markUsed(subject: "device-5", feature: "onboarding")
+
+        // A dry run counts and changes nothing: 1,000 subjects keep their newest run.
+        let dry = try await run(
+            "hopctl", ["prune", "--finished-before", "30d", "--dry-run", "--db", folder.database], in: folder)
+        #expect(dry.status == 0 && dry.stdout.contains("would prune 99000 runs (495000 history entries)"), "\(dry)")
+        #expect(try await store.allRuns(flow: "archive").count == 100_000)
+
+        // The prune, while one operator reads in a loop and another moves the daemon's runs on.
+        let pruning = Task {
+            try await run(
+                "hopctl", ["prune", "--finished-before", "30d", "--json", "--db", folder.database], in: folder)
+        }
+        let reading = Task {
+            var reads = 0
+            while !Task.isCancelled {
+                let status: (status: Int32, stdout: String, stderr: String)
+                do {
+                    status = try await run(
+                        "hopctl", ["status", "--flow", "startup", "--db", folder.database], in: folder)
+                } catch is CancellationError {
+                    break
+                }
+                #expect(status.status == 0, "a read failed during the prune: \(status.stderr)")
+                reads += 1
+            }
+            return reads
+        }
+        for subject in subjects {
+            let unhop = try await run(
+                "hopctl",
+                ["unhop", "--flow", "startup", "--subject", subject, "--step", "onboarding", "--db", folder.database],
+                in: folder)
+            #expect(unhop.status == 0, "a write beside the prune failed: \(unhop.stderr)")
+        }
+        let pruned = try await pruning.value
+        reading.cancel()
+        #expect(try await reading.value > 0)
+        #expect(pruned.status == 0, "\(pruned.stderr)")
+        let report = try #require(
+            try JSONSerialization.jsonObject(with: Data(pruned.stdout.utf8)) as? [String: Any], "\(pruned.stdout)")
+        #expect(report["runs"] as? Int == 99_000 && report["history_entries"] as? Int == 495_000, "\(report)")
+        #expect((report["batches"] as? Int ?? 0) >= 99_000 / 500, "short transactions, not one long one")
+        #expect((report["reclaimed_bytes"] as? Int ?? 0) > 0)
+
+        // Each device keeps its newest run with its whole history; no unfinished run was touched.
+        let kept = try await store.allRuns(flow: "archive")
+        #expect(kept.count == 1000 && Set(kept.map(\.subject)).count == 1000)
+        #expect(try await store.history(runID: try #require(kept.first).id).count == 5)
+        try await waitUntil("the daemon's runs move on to login after their unhop", timeout: .seconds(30)) {
+            try await store.allRuns(flow: "startup").allSatisfy { $0.currentStep == "login" }
+        }
+        let startup = try await store.allRuns(flow: "startup")
+        #expect(Set(startup.map(\.id)) == Set(unfinishedBefore))
+        for run in startup {
+            let kinds = try await store.history(runID: run.id).map(\.kind)
+            #expect(kinds.filter { $0 == .unhop }.count == 2, "run \(run.id): \(kinds)")
+        }
+        #expect(!daemon.stderr.contains("busy"), "\(daemon.stderr)")
+        #expect(try await store.session(subject: "device-5")?.userID == "alice")
+        #expect(try await store.firstUseFlags(subject: "device-5").map(\.feature) == ["onboarding"])
+
+        // The file gives the space back once the log is copied into it.
+        try await store.checkpoint()
+        let sizeAfter = try fileSize(folder.database)
+        #expect(sizeAfter < sizeBefore / 5, "\(sizeBefore) -> \(sizeAfter) bytes")
+        #expect(try await store.integrityCheck() == ["ok"])
+        daemon.closeInput()
+        #expect(try await daemon.waitForExit() == 0)
+    }
+
+    @Test func aDatabaseFromBeforeIncrementalVacuumReusesTheSpaceAndVacuumGivesItBack() async throws {
+        let folder = try TemporaryDirectory()
+        #expect(try await run("hopctl", ["migrate", "--db", folder.database], in: folder).status == 0)
+        #expect(
+            try await run("hop-test-store", ["fill-finished", folder.database, "5000", "2"], in: folder).status == 0)
+        #expect(try await run("hop-test-store", ["no-auto-vacuum", folder.database], in: folder).status == 0)
+        let sizeBefore = try fileSize(folder.database)
+
+        let pruned = try await run(
+            "hopctl", ["prune", "--finished-before", "1d", "--keep-last", "0", "--db", folder.database], in: folder)
+        #expect(pruned.status == 0, "\(pruned.stderr)")
+        // The newest run is kept whatever --keep-last says: no run id is ever used twice.
+        #expect(
+            pruned.stdout.contains("pruned 4999 runs") && pruned.stdout.contains("hopctl prune --vacuum"),
+            "\(pruned.stdout)")
+        let vacuumed = try await run(
+            "hopctl", ["prune", "--finished-before", "1d", "--vacuum", "--db", folder.database], in: folder)
+        #expect(vacuumed.status == 0 && vacuumed.stdout.contains("pruned 0 runs"), "\(vacuumed)")
+        let store = try await HopStore.open(path: folder.database)
+        try await store.checkpoint()
+        #expect(try fileSize(folder.database) < sizeBefore / 5)
+        #expect(try await store.allRuns(flow: "archive").count == 1)
+        // From now on the database gives space back as it goes.
+        #expect(try await store.prune(Pruning(finishedBefore: Date()), dryRun: true).reclaimsIncrementally)
+    }
+
+    @Test func aDaemonWithRetentionPrunesOldRunsAsItGoesAndLeavesItsOwnAlone() async throws {
+        let folder = try TemporaryDirectory()
+        #expect(try await run("hopctl", ["migrate", "--db", folder.database], in: folder).status == 0)
+        #expect(
+            try await run("hop-test-store", ["fill-finished", folder.database, "3000", "2"], in: folder).status == 0)
+        let daemon = try ChildProcess(
+            "hop-test-daemon", ["--db", folder.database, "--external", "--subjects", "3", "--retention", "86400"],
+            keepInputOpen: true, directory: folder)
+        defer { daemon.kill() }
+        try await daemon.waitForOutput("started 3", timeout: .seconds(60))
+        let store = try await HopStore.open(path: folder.database)
+        try await waitUntil("the daemon prunes the runs older than a day", timeout: .seconds(30)) {
+            try await store.allRuns(flow: "archive").count == 1000
+        }
+        // Its own runs, parked on an external step, are untouched and still move on.
+        #expect(try await store.allRuns(flow: "startup").map(\.status) == [.parked, .parked, .parked])
+        let unhop = try await run(
+            "hopctl",
+            ["unhop", "--flow", "startup", "--subject", "user-1", "--step", "onboarding", "--db", folder.database],
+            in: folder)
+        #expect(unhop.status == 0, "\(unhop.stderr)")
+        try await waitUntil("the unhopped run moves on to login", timeout: .seconds(20)) {
+            try await store.latestRun(flow: "startup", subject: "user-1")?.currentStep == "login"
+        }
+        #expect(try await store.integrityCheck() == ["ok"])
+        daemon.closeInput()
+        #expect(try await daemon.waitForExit() == 0)
+    }
+
+    private func fileSize(_ path: String) throws -> Int64 {
+        var info = stat()
+        guard stat(path, &info) == 0 else { throw TestFailure("cannot stat \(path)") }
+        return Int64(info.st_size)
+    }
+}
