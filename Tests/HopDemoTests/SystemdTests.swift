@@ -62,4 +62,34 @@ import Glibc
         messages += socket.receive()
         #expect(messages.last == "STOPPING=1")
     }
+
+    /// The unit in Examples/ as an operator installs it: an unprivileged user, hardened, no --auto.
+    @Test func theShippedUnitRunsAsAnUnprivilegedUserHardenedAndWaitsForRealLogins() async throws {
+        let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+            .deletingLastPathComponent()
+        let unit = root.appendingPathComponent("Examples/StartupDaemon/hop-demo.service").path
+        let settings = try String(contentsOfFile: unit, encoding: .utf8).split(separator: "\n")
+            .filter { !$0.hasPrefix("#") && $0.contains("=") }.map(String.init)
+        let execStart = try #require(settings.first { $0.hasPrefix("ExecStart=") })
+        #expect(!execStart.contains("--auto"), "a service waits for real logins")
+        for required in [
+            "User=hop-demo", "StateDirectory=hop-demo", "UMask=0077", "NoNewPrivileges=yes", "ProtectSystem=strict",
+            "ProtectHome=yes", "PrivateTmp=yes", "PrivateDevices=yes", "RestrictAddressFamilies=AF_UNIX",
+            "SystemCallFilter=@system-service", "CapabilityBoundingSet=",
+        ] {
+            #expect(settings.contains(required), "the unit lacks \(required)")
+        }
+        // systemd's own rating, where systemd is installed (Debian's `systemd` package).
+        guard
+            let analyze = ["/usr/bin/systemd-analyze", "/bin/systemd-analyze"].first(where: {
+                FileManager.default.isExecutableFile(atPath: $0)
+            })
+        else { return }
+        let folder = try TemporaryDirectory()
+        let result = try await run(analyze, ["security", "--offline=yes", "--no-pager", unit], in: folder)
+        let overall = try #require(
+            result.stdout.split(separator: "\n").first { $0.contains("Overall exposure level") }, "\(result)")
+        let score = overall.split(separator: ":").last?.split(separator: " ").first.flatMap { Double($0) }
+        #expect((score ?? 10) <= 1.0, "\(overall)")
+    }
 }
