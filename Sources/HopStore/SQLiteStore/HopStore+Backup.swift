@@ -85,19 +85,27 @@ extension HopStore {
         close(descriptor)
     }
 
-    /// Forces the copy to disk: it is a backup only once it survives a power loss.
+    /// Forces the copy, and its entry in its folder, to disk: it is a backup only once it
+    /// survives a power loss.
     private static func flushToDisk(_ target: String, operation: String) throws {
-        let descriptor = Glibc.open(target, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)
+        try flush(target, flags: O_RDONLY | O_CLOEXEC | O_NOFOLLOW, what: "the copy", operation: operation)
+        let slash = target.lastIndex(of: "/")
+        let folder = slash.map { $0 == target.startIndex ? "/" : String(target[..<$0]) } ?? "."
+        try flush(folder, flags: O_RDONLY | O_CLOEXEC | O_DIRECTORY, what: "the copy's folder", operation: operation)
+    }
+
+    private static func flush(_ target: String, flags: Int32, what: String, operation: String) throws {
+        let descriptor = Glibc.open(target, flags)
         guard descriptor >= 0 else {
             throw HopError(
                 .ioFailure, operation: operation, path: target,
-                reason: "the copy cannot be opened to flush it (\(String(cString: strerror(errno))))")
+                reason: "\(what) cannot be opened to flush it (\(String(cString: strerror(errno))))")
         }
         defer { close(descriptor) }
         guard fsync(descriptor) == 0 else {
             throw HopError(
                 .ioFailure, operation: operation, path: target,
-                reason: "the copy cannot be flushed to disk (\(String(cString: strerror(errno))))",
+                reason: "\(what) cannot be flushed to disk (\(String(cString: strerror(errno))))",
                 hint: "Check the disk the copy went to and run the backup again")
         }
     }
