@@ -125,6 +125,28 @@ import Testing
         #expect(try await store.prune(Pruning(finishedBefore: Date()), dryRun: true).reclaimsIncrementally)
     }
 
+    @Test func aPruneThatCannotGetTheWriteLockWithinItsBusyTimeoutSaysSoAndRemovesNothing() async throws {
+        let folder = try TemporaryDirectory()
+        #expect(try await run("hopctl", ["migrate", "--db", folder.database], in: folder).status == 0)
+        #expect(
+            try await run("hop-test-store", ["fill-finished", folder.database, "2000", "2"], in: folder).status == 0)
+        let holder = try ChildProcess(
+            "hop-test-store", ["hold-lock", folder.database], keepInputOpen: true, directory: folder)
+        defer { holder.kill() }
+        try await holder.waitForOutput("locked")
+        let busy = try await run(
+            "hopctl", ["prune", "--finished-before", "1d", "--busy-timeout", "300", "--db", folder.database], in: folder
+        )
+        #expect(busy.status == 1 && busy.stderr.contains("busy"), "\(busy)")
+        holder.closeInput()
+        #expect(try await holder.waitForExit() == 0)
+        let store = try await HopStore.open(path: folder.database)
+        #expect(try await store.allRuns(flow: "archive").count == 2000)
+        let pruned = try await run(
+            "hopctl", ["prune", "--finished-before", "1d", "--db", folder.database], in: folder)
+        #expect(pruned.status == 0 && pruned.stdout.contains("pruned 1000 runs"), "\(pruned)")
+    }
+
     @Test func aDaemonWithRetentionPrunesOldRunsAsItGoesAndLeavesItsOwnAlone() async throws {
         let folder = try TemporaryDirectory()
         #expect(try await run("hopctl", ["migrate", "--db", folder.database], in: folder).status == 0)
