@@ -79,10 +79,9 @@ extension HopEngine: Service {
     private func retain(_ retention: Retention) async {
         while !Task.isCancelled {
             do {
-                let age = retention.finishedAfter.components
-                let seconds = Double(age.seconds) + Double(age.attoseconds) / 1e18
                 let pruning = Pruning(
-                    finishedBefore: Date().addingTimeInterval(-seconds), flow: retention.flow,
+                    finishedBefore: Date().addingTimeInterval(-retention.finishedAfter.timeInterval),
+                    flow: retention.flow,
                     keepLast: retention.keepLast)
                 let report = try await storage.prune(pruning, dryRun: false)
                 if report.runs > 0 {

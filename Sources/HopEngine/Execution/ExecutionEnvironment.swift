@@ -41,9 +41,7 @@ final class ExecutionEnvironment: Sendable {
 
     /// When this engine's lease on a run taken now ends.
     var leaseEnd: Date {
-        Date().addingTimeInterval(
-            Double(configuration.leaseDuration.components.seconds)
-                + Double(configuration.leaseDuration.components.attoseconds) / 1e18)
+        Date().addingTimeInterval(configuration.leaseDuration.timeInterval)
     }
 
     func notify(_ event: EngineEvent) { configuration.observer?(event) }

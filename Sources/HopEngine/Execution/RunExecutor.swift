@@ -114,7 +114,7 @@ final class RunExecutor: FlowExecution {
             try await hook(Transition(flow: run.flow, subject: run.subject, runID: run.id, from: from, to: step))
         }
         let (parks, wakeOn) = try hopKind(of: step)
-        let deadline = timeout.map { Date().addingTimeInterval(Self.seconds($0)) }
+        let deadline = timeout.map { Date().addingTimeInterval($0.timeInterval) }
         // Parking gives the run up: from its commit on, no engine holds it, which is no loss.
         if parks { environment.holdings.withLock { _ = $0.held.remove(run.id) } }
         let recordedFrom = hook == nil ? nil : from
@@ -148,7 +148,7 @@ final class RunExecutor: FlowExecution {
         {
             deadline = Date(timeIntervalSince1970: Double(milliseconds) / 1000)
         } else {
-            deadline = Date().addingTimeInterval(Self.seconds(duration))
+            deadline = Date().addingTimeInterval(duration.timeInterval)
             try await record(.timer, name) { storage, runID, owner in
                 try await storage.recordTimer(runID: runID, name: name, deadline: deadline, owner: owner)
             }
@@ -323,8 +323,11 @@ final class RunExecutor: FlowExecution {
     static func sleepDuration(seconds: TimeInterval) -> Duration {
         .milliseconds(Int64(max(0, min(seconds, 1e10)) * 1000))
     }
+}
 
-    private static func seconds(_ duration: Duration) -> TimeInterval {
-        Double(duration.components.seconds) + Double(duration.components.attoseconds) / 1e18
+extension Duration {
+    /// The duration in seconds, for `Date` arithmetic.
+    var timeInterval: TimeInterval {
+        Double(components.seconds) + Double(components.attoseconds) / 1e18
     }
 }

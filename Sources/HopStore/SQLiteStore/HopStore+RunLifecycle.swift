@@ -67,9 +67,7 @@ extension HopStore {
                 operation: operation
             ) { $0.text(0) }
             if newest == nil && !allowingNewFlow {
-                let known = try tx.query(
-                    "SELECT DISTINCT flow FROM runs ORDER BY flow", [], operation: operation
-                ) { $0.text(0) }
+                let known = try tx.query(Self.flowNamesSQL, [], operation: operation) { $0.text(0) }
                 let listed =
                     known.isEmpty
                     ? "no flow has run here yet" : "the flows that ran here: \(known.joined(separator: ", "))"

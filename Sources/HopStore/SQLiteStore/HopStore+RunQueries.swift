@@ -55,8 +55,11 @@ extension HopStore {
 
     /// The names of the flows that have runs here, in order.
     public func flowNames() throws -> [String] {
-        try connection.query("SELECT DISTINCT flow FROM runs ORDER BY flow", [], operation: "list flows") { $0.text(0) }
+        try connection.query(Self.flowNamesSQL, [], operation: "list flows") { $0.text(0) }
     }
+
+    /// The names of the flows that have runs, in order (for ``flowNames()`` and inside a write).
+    static let flowNamesSQL = "SELECT DISTINCT flow FROM runs ORDER BY flow"
 
     /// Every run of `flow`, for every subject, oldest first.
     public func allRuns(flow: String) throws -> [RunRecord] {
