@@ -263,6 +263,24 @@ import Testing
                     && !line.contains(onboarding.token))
         }
     }
+
+    @Test func aRetentionWhoseFlowIsNoNameIsRefusedOnceAndTheEngineRunsOn() async throws {
+        let folder = try TemporaryDirectory()
+        let logs = InMemoryLogHandler.keepingEverything()
+        let store = try await HopStore.open(path: folder.database)
+        let engine = HopEngine(
+            store: store, logger: logs.logger(label: "test"),
+            configuration: .init(retention: .init(finishedAfter: .zero, flow: "", interval: .zero)))
+        registerInstantStartup(on: engine)
+        let service = Task { try await engine.run() }
+        defer { service.cancel() }
+        try await waitUntil("the engine says retention is off", timeout: .seconds(10)) {
+            logs.texts(atLeast: .error).contains { $0.contains("retention is off") && $0.contains("flow name") }
+        }
+        let run = try await engine.start("startup")
+        #expect(try await engine.settled(runID: run.id)?.status == .completed)
+        #expect(logs.texts(atLeast: .error).count == 1, "said once, not at every (zero) interval")
+    }
 }
 
 struct CacheError: Error, CustomStringConvertible {

@@ -1,4 +1,5 @@
 import CoreMetrics
+import Tracing
 
 extension HopEngine {
     /// How an engine behaves.
@@ -13,6 +14,10 @@ extension HopEngine {
         public var observer: (@Sendable (EngineEvent) -> Void)?
         /// Where metrics go; the process's `MetricsSystem` when `nil`.
         public var metricsFactory: (any MetricsFactory)?
+        /// Where spans go (one per execution of a run, one per step it enters); the process's
+        /// `InstrumentationSystem.tracer` when `nil`, which traces nothing until the daemon
+        /// bootstraps a tracer.
+        public var tracer: (any Tracer)?
         /// A readable label for this daemon, e.g. `"kiosk-agent@device-17"`, shown by
         /// `hopctl status` and in takeover entries of history; host and process id by default.
         /// It is only a label: ownership of runs goes by the engine's ``HopEngine/incarnation``,
@@ -31,8 +36,10 @@ extension HopEngine {
         public init(
             pollInterval: Duration = .milliseconds(50), leaseDuration: Duration = .seconds(10),
             observer: (@Sendable (EngineEvent) -> Void)? = nil, metricsFactory: (any MetricsFactory)? = nil,
-            engineID: String? = nil, maxConcurrentRuns: Int = 10_000, retention: Retention? = nil
+            engineID: String? = nil, maxConcurrentRuns: Int = 10_000, retention: Retention? = nil,
+            tracer: (any Tracer)? = nil
         ) {
+            self.tracer = tracer
             self.retention = retention
             self.maxConcurrentRuns = maxConcurrentRuns
             self.pollInterval = pollInterval
@@ -56,8 +63,12 @@ extension HopEngine {
         public var keepLast: Int
         /// Only runs of this flow; every flow when `nil`.
         public var flow: String?
-        /// How often the engine prunes; the first prune comes when the engine has resumed its runs.
+        /// How often the engine prunes; the first prune comes when the engine has resumed its
+        /// runs. At least ``shortestInterval``: a shorter one is taken as that.
         public var interval: Duration
+
+        /// The shortest ``interval`` an engine keeps between two prunes.
+        public static let shortestInterval = Duration.milliseconds(100)
 
         public init(
             finishedAfter: Duration, keepLast: Int = 1, flow: String? = nil, interval: Duration = .seconds(3600)

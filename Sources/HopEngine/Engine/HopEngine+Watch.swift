@@ -94,11 +94,15 @@ extension HopEngine: Service {
                 }
             } catch is CancellationError {
                 return
+            } catch let error as HopError where error.code == .invalidInput {
+                // A setting that can never work (a flow name that is no name): said once, not every interval.
+                logger.error("retention is off: its settings are refused", metadata: ["hop.error": "\(error)"])
+                return
             } catch {
                 logger.error("cannot prune finished runs", metadata: ["hop.error": "\(error)"])
             }
             do {
-                try await Task.sleep(for: retention.interval)
+                try await Task.sleep(for: max(retention.interval, Retention.shortestInterval))
             } catch {
                 return
             }

@@ -1,9 +1,10 @@
 import Foundation
 import Logging
 import Synchronization
+import Tracing
 
 /// What an engine shares with the executions of its runs: storage, identity, registry,
-/// holdings, metrics, logging and the observer. Executions reach the engine's state only
+/// holdings, metrics, tracing, logging and the observer. Executions reach the engine's state only
 /// through it, never through the engine actor, so the calls go one way: engine → executor →
 /// storage.
 final class ExecutionEnvironment: Sendable {
@@ -12,6 +13,7 @@ final class ExecutionEnvironment: Sendable {
     let incarnation: Incarnation
     let configuration: HopEngine.Configuration
     let metrics: EngineMetrics
+    let tracer: any Tracer
     let logger: Logger
     let registry = Mutex(Registry())
     /// Which runs this engine holds, and which it found it lost.
@@ -25,6 +27,7 @@ final class ExecutionEnvironment: Sendable {
         self.incarnation = incarnation
         self.configuration = configuration
         self.metrics = metrics
+        self.tracer = configuration.tracer ?? InstrumentationSystem.tracer
         self.logger = logger
     }
 

@@ -1,15 +1,36 @@
 import Foundation
 import Logging
+import Tracing
 
 /// Entering a step: an in-process step's body runs (with its retry policy and deadline) until
 /// it unhops, times out or fails; an external step parks the run.
 extension RunExecutor {
-    /// Enters `step`, whose hop is recorded with `token`, and returns how it ended.
+    /// Enters `step`, whose hop is recorded with `token`, and returns how it ended, in a span
+    /// of its own (the step's body runs in its context).
     @inline(never)
     func enter(step: String, token: String, deadline: Date?, isReentry: Bool) async throws -> StepOutput {
+        let span = startStepSpan(step, isReentry: isReentry)
+        defer { span.end() }
+        do {
+            let output = try await InstrumentationContext.$current.withValue(span.context) {
+                try await enter(step: step, token: token, deadline: deadline, isReentry: isReentry, span: span)
+            }
+            Self.outcome(of: span, endedWith: output)
+            return output
+        } catch {
+            Self.outcome(of: span, endedBy: error)
+            throw error
+        }
+    }
+
+    @inline(never)
+    private func enter(
+        step: String, token: String, deadline: Date?, isReentry: Bool, span: any Span
+    ) async throws -> StepOutput {
         let registration = try inProcessStep(step)
         var attempt = 1
         while true {
+            span.attributes[SpanKey.attempts] = attempt
             let unhop = StepUnhop(executor: self, step: step, token: token)
             let started = ContinuousClock.now
             do {
@@ -22,7 +43,7 @@ extension RunExecutor {
                 return try await stepReturned(finished, step: step, token: token, unhop: unhop, started: started)
             } catch {
                 if let output = try await stepThrew(
-                    error, step: step, retry: registration.retry, attempt: attempt, unhop: unhop)
+                    error, step: step, retry: registration.retry, attempt: attempt, unhop: unhop, span: span)
                 {
                     return output
                 }
@@ -68,7 +89,7 @@ extension RunExecutor {
     /// the retry policy's backoff, or throws to stop or fail the run.
     @inline(never)
     private func stepThrew(
-        _ error: any Error, step: String, retry: RetryPolicy, attempt: Int, unhop: StepUnhop
+        _ error: any Error, step: String, retry: RetryPolicy, attempt: Int, unhop: StepUnhop, span: any Span
     ) async throws -> StepOutput? {
         if Task.isCancelled { throw error }
         // The database failed (I/O, full disk, busy) while the step unhopped or read it:
@@ -83,6 +104,8 @@ extension RunExecutor {
             return StepOutput(json: unhop.result.output)
         }
         let final = attempt >= retry.maxAttempts
+        // Each failed attempt is on the step's span; the last one fails it (see `enter`).
+        if !final { span.recordError(error, attributes: [SpanKey.attempts: .int64(Int64(attempt))]) }
         let message = "attempt \(attempt) of \(retry.maxAttempts): \(error)"
         try await record(final ? .fail : .error, step) { storage, runID, owner in
             try await storage.recordError(runID: runID, step: step, message: message, final: final, owner: owner)

@@ -1,6 +1,7 @@
 import Foundation
 import Logging
 import Synchronization
+import Tracing
 
 /// Executes one run, once: opens it (claims it and reads its history), runs the flow body
 /// against its ``FlowContext`` and settles it — completed, parked, stopped, diverged or failed.
@@ -52,20 +53,30 @@ final class RunExecutor: FlowExecution {
     /// Runs the flow body against the run's history until it completes, parks, fails or is stopped.
     @inline(never)
     func execute() async -> Settlement {
+        let span = startRunSpan()
+        defer { span.end() }
         do {
-            guard try await open() else { return .settled }
-            try await definition.body(FlowContext(executor: self))
+            guard try await open(span) else {
+                span.attributes[SpanKey.outcome] = SpanOutcome.notClaimed.rawValue
+                return .settled
+            }
+            // The body runs in the run span's context: its steps' spans (and any span a step
+            // or a decision starts) are children of it.
+            try await InstrumentationContext.$current.withValue(span.context) {
+                try await definition.body(FlowContext(executor: self))
+            }
             try await complete()
+            span.attributes[SpanKey.outcome] = SpanOutcome.completed.rawValue
             return .settled
         } catch {
-            return await settle(after: error)
+            return await settle(after: error, span: span)
         }
     }
 
     /// Claims the run (unless the engine did) and reads its history into replay; `false` when
     /// another engine holds it or it no longer runs.
     @inline(never)
-    private func open() async throws -> Bool {
+    private func open(_ span: any Span) async throws -> Bool {
         let history: [HistoryEntry]
         if let taken = claimed?.take() {
             environment.holdings.withLock { _ = $0.held.insert(run.id) }
@@ -76,6 +87,7 @@ final class RunExecutor: FlowExecution {
         }
         let replaying = history.count { $0.kind.isReplayed }
         environment.notify(.executing(run: environment.ref(run), replaying: replaying))
+        span.attributes[SpanKey.replayed] = replaying
         if replaying > 0 {
             environment.metrics.resumes.increment()
             environment.logger(for: run).info("resuming run", metadata: ["hop.replaying": "\(replaying)"])
@@ -278,9 +290,13 @@ final class RunExecutor: FlowExecution {
 
     /// Settles an execution that ended with `error`: parked, stopped, diverged or failed.
     @inline(never)
-    private func settle(after error: any Error) async -> Settlement {
+    private func settle(after error: any Error, span: any Span) async -> Settlement {
         let logger = environment.logger(for: run)
-        if environment.holdings.withLock({ $0.lost.contains(run.id) }) { return .settled }  // said once, when lost
+        Self.outcome(of: span, endedBy: error)
+        if environment.holdings.withLock({ $0.lost.contains(run.id) }) {  // said once, when lost
+            span.attributes[SpanKey.outcome] = SpanOutcome.finishedElsewhere.rawValue
+            return .settled
+        }
         switch error {
         case Suspension.parked(let step):
             logger.debug("run parked on an external step", metadata: ["hop.step": "\(step)"])

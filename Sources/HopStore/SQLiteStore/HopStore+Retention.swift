@@ -16,7 +16,7 @@ extension HopStore {
     /// - Returns: what was removed (or would be, with `dryRun`).
     public func prune(_ pruning: Pruning, dryRun: Bool = false) async throws -> PruneReport {
         if let flow = pruning.flow { try validate(flow, as: "flow name") }
-        let operation = "prune runs finished before \(Clock.milliseconds(pruning.finishedBefore))"
+        let operation = "prune runs finished before \(pruning.finishedBefore.formatted(.iso8601))"
         let selection = """
             FROM runs r
             WHERE r.status NOT IN \(RunStatus.unfinishedSQL) AND r.updated_at < ?1 AND (?2 IS NULL OR r.flow = ?2)
