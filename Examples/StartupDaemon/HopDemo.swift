@@ -34,9 +34,19 @@ struct HopDemo: AsyncParsableCommand {
             valueName: "version"))
     var flowVersion = "1"
 
+    @Option(
+        help: ArgumentHelp(
+            "Serve the engine's metrics in Prometheus' text format at http://127.0.0.1:<port>/metrics "
+                + "(loopback only; 0: any free port, printed at start).",
+            valueName: "port"))
+    var metricsPort: Int?
+
     func validate() throws {
         guard ["1", "2"].contains(flowVersion) else {
             throw ValidationError("--flow-version is 1 or 2 (2: a terms step follows onboarding)")
+        }
+        if let metricsPort, !(0...65535).contains(metricsPort) {
+            throw ValidationError("--metrics-port is a TCP port, 1 to 65535 (0: any free port)")
         }
     }
 
@@ -52,6 +62,12 @@ struct HopDemo: AsyncParsableCommand {
         let narrator = Narrator(database: path, defaultDatabase: db == nil)
         narrator.say("hop-demo: database \(path)")
 
+        // Bootstrapped before the engine exists: the engine's metrics go to the process's MetricsSystem.
+        let metrics = metricsPort.map { port in
+            MetricsEndpoint.bootstrap(port: port, logger: logger) { bound in
+                narrator.say("hop-demo: metrics at http://127.0.0.1:\(bound)/metrics")
+            }
+        }
         let (events, continuation) = AsyncStream.makeStream(of: DemoService.Event.self)
         let systemd = SystemdNotifier()
         let store = try await HopStore.open(path: path, logger: logger)
@@ -75,7 +91,8 @@ struct HopDemo: AsyncParsableCommand {
             outcome: outcome)
         let group = ServiceGroup(
             configuration: ServiceGroupConfiguration(
-                services: [
+                // Shut down in reverse order: the demo, the engine, then the metrics server.
+                services: (metrics.map { [ServiceGroupConfiguration.ServiceConfiguration(service: $0)] } ?? []) + [
                     .init(service: engine),
                     .init(service: demo, successTerminationBehavior: .gracefullyShutdownGroup),
                 ],
