@@ -1,0 +1,146 @@
+import Foundation
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A PostgreSQL server of a test's own: `initdb` into a temporary folder, started with `pg_ctl`
+/// listening on a Unix socket in that folder only (no TCP port, so tests never collide), and shut
+/// down (immediately: it holds nothing to keep) when released. Run as root, the server runs as
+/// the `postgres` user, as PostgreSQL requires.
+///
+/// ``start()`` returns `nil` when PostgreSQL's server programs are not installed, after saying so
+/// on standard error; with `CI=true` in the environment a missing server is a failure, never a silent skip.
+/// `script/setup` installs Debian's `postgresql`.
+public final class PostgresServer: Sendable {
+    /// The folder holding the cluster (`data`), its log and its socket.
+    public let folder: TemporaryDirectory
+    /// The folder of the server's Unix socket: psql's and a client's `host`.
+    public var socketDirectory: String { folder.path("") }
+    /// The port in the socket's name (`.s.PGSQL.<port>`); nothing listens on TCP.
+    public let port = 5432
+    /// The superuser, who may connect over the socket without a password.
+    public let user = "postgres"
+    private let binaries: String
+    private let runAs: [String]
+
+    private init(folder: TemporaryDirectory, binaries: String, runAs: [String]) {
+        self.folder = folder
+        self.binaries = binaries
+        self.runAs = runAs
+    }
+
+    deinit {
+        // pg_ctl's immediate shutdown is SIGQUIT to the postmaster, whose pid heads postmaster.pid.
+        if let text = try? String(contentsOfFile: folder.path("data/postmaster.pid"), encoding: .utf8),
+            let line = text.split(separator: "\n").first, let pid = pid_t(line)
+        {
+            kill(pid, SIGQUIT)
+        }
+    }
+
+    /// The folder of PostgreSQL's server programs (Debian: `/usr/lib/postgresql/<major>/bin`,
+    /// the newest), or the folder of `pg_ctl` on `PATH`; `nil` when there is none.
+    static func serverBinaries() -> String? {
+        let debian = "/usr/lib/postgresql"
+        let majors = ((try? FileManager.default.contentsOfDirectory(atPath: debian)) ?? []).compactMap(Int.init)
+        for major in majors.sorted(by: >)
+        where FileManager.default.isExecutableFile(atPath: "\(debian)/\(major)/bin/pg_ctl") {
+            return "\(debian)/\(major)/bin"
+        }
+        for folder in (ProcessInfo.processInfo.environment["PATH"] ?? "").split(separator: ":")
+        where FileManager.default.isExecutableFile(atPath: "\(folder)/pg_ctl")
+            && FileManager.default.isExecutableFile(atPath: "\(folder)/initdb")
+        {
+            return String(folder)
+        }
+        return nil
+    }
+
+    /// Whether a test must fail rather than skip when PostgreSQL is missing.
+    static var isCI: Bool { ProcessInfo.processInfo.environment["CI"] == "true" }
+
+    /// Starts a server in a new temporary folder; `nil` (said on standard error) when PostgreSQL
+    /// is not installed and this is not CI.
+    public static func start() async throws -> PostgresServer? {
+        guard let binaries = serverBinaries() else {
+            let message =
+                "PostgreSQL's server programs (initdb, pg_ctl) are not installed: run script/setup (Debian's postgresql)"
+            if isCI { throw TestFailure(message + "; CI=true, so this fails rather than skipping") }
+            FileHandle.standardError.write(Data("skipping the PostgreSQL tests: \(message)\n".utf8))
+            return nil
+        }
+        let folder = try TemporaryDirectory()
+        var runAs: [String] = []
+        if geteuid() == 0 {
+            // PostgreSQL refuses to run as root: the cluster belongs to the postgres user.
+            guard let account = getpwnam("postgres") else {
+                throw TestFailure(
+                    "running as root, but there is no postgres user to run PostgreSQL as: run script/setup")
+            }
+            guard chown(folder.path(""), account.pointee.pw_uid, account.pointee.pw_gid) == 0 else {
+                throw TestFailure(
+                    "cannot give \(folder.path("")) to the postgres user: \(String(cString: strerror(errno)))")
+            }
+            runAs = ["/usr/sbin/runuser", "-u", "postgres", "--"]
+        }
+        let server = PostgresServer(folder: folder, binaries: binaries, runAs: runAs)
+        try await server.run(
+            "initdb",
+            [
+                "-D", folder.path("data"), "-U", "postgres", "--auth=trust", "--encoding=UTF8", "--no-locale",
+                "--no-sync",
+            ])
+        try await server.run(
+            "pg_ctl",
+            [
+                "-D", folder.path("data"), "-l", folder.path("server.log"), "-w", "-t", "60", "-o",
+                "-k \(folder.path("")) -p \(server.port) -c listen_addresses=''", "start",
+            ])
+        return server
+    }
+
+    /// Runs `sql` with psql in `database`, stopping at the first error; returns its unaligned
+    /// output without headers (one row per line, columns separated by `|`).
+    @discardableResult
+    public func psql(_ sql: String, database: String = "postgres") async throws -> String {
+        try await run(
+            "psql",
+            [
+                "-h", socketDirectory, "-p", "\(port)", "-U", user, "-d", database, "-X", "-q", "-A", "-t",
+                "-v", "ON_ERROR_STOP=1", "-c", sql,
+            ])
+    }
+
+    /// Runs psql on the SQL file at `path` in `database`, in one transaction, stopping at the first error.
+    public func psql(file path: String, database: String = "postgres") async throws {
+        try await run(
+            "psql",
+            [
+                "-h", socketDirectory, "-p", "\(port)", "-U", user, "-d", database, "-X", "-q", "-1",
+                "-v", "ON_ERROR_STOP=1", "-f", path,
+            ])
+    }
+
+    /// Creates database `name`, empty.
+    public func createDatabase(_ name: String) async throws {
+        try await psql("CREATE DATABASE \"\(name)\"")
+    }
+
+    /// Runs one of the server's programs (as the postgres user when root) on a thread of its own;
+    /// throws with its standard error when it fails.
+    @discardableResult
+    private func run(_ program: String, _ arguments: [String]) async throws -> String {
+        let command =
+            runAs.isEmpty ? ["\(binaries)/\(program)"] + arguments : runAs + ["\(binaries)/\(program)"] + arguments
+        let scratch = folder.path("\(program)-\(UUID().uuidString)")
+        let result = try await onThread { try spawnAndWait(command[0], Array(command.dropFirst()), scratch: scratch) }
+        guard result.status == 0 else {
+            let log = (try? String(contentsOfFile: folder.path("server.log"), encoding: .utf8)) ?? ""
+            throw TestFailure(
+                "\(program) \(arguments.joined(separator: " ")): exit \(result.status): \(result.stderr)\(log.isEmpty ? "" : "\nserver log:\n\(log.suffix(2000))")"
+            )
+        }
+        return result.stdout
+    }
+}
