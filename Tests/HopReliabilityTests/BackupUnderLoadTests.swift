@@ -31,7 +31,7 @@ import Testing
                         let mine = stride(from: worker, to: subjects, by: SoakTests.workers).map { "user-\($0)" }
                         try await onThread {
                             for subject in mine {
-                                try Self.hopctl(
+                                try hopctlRetryingBusy(
                                     hopctl,
                                     ["unhop", "--flow", "startup", "--step", "onboarding", "--subject", subject],
                                     database: database, scratch: folder.path("worker-\(worker)"))
@@ -39,7 +39,7 @@ import Testing
                             }
                             for round in SoakTests.rounds where round != ["status"] {
                                 for subject in mine {
-                                    try Self.hopctl(
+                                    try hopctlRetryingBusy(
                                         hopctl,
                                         round + ["--subject", subject]
                                             + (round == ["history"] ? ["--flow", "startup"] : []),
@@ -115,24 +115,13 @@ import Testing
         }
     }
 
-    /// Runs `hopctl` with `arguments` on `database` until it succeeds; busy is the one failure allowed.
-    static func hopctl(_ hopctl: String, _ arguments: [String], database: String, scratch: String) throws {
-        while true {
-            let result = try spawnAndWait(hopctl, arguments + ["--db", database], scratch: scratch)
-            if result.status == 0 { return }
-            guard result.status == 1 && result.stderr.contains("busy") else {
-                throw TestFailure("hopctl \(arguments): exit \(result.status): \(result.stderr)")
-            }
-        }
-    }
-
     /// Drives every restored run to its end: onboarding unhopped, logged in, main unhopped (with
     /// `--reroute`, main is external: no run completes while the operators work, so the restored
     /// daemon resumes every run rather than starting any over).
     static func complete(subjects: Int, in folder: TemporaryDirectory, store: HopStore, hopctl: String) async throws {
         let names = (0..<subjects).map { "user-\($0)" }
         func steer(_ arguments: [String], _ subject: String) throws {
-            try Self.hopctl(
+            try hopctlRetryingBusy(
                 hopctl, arguments + ["--subject", subject], database: folder.database, scratch: folder.path("steer"))
         }
         for subject in names

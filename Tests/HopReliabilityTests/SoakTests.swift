@@ -50,16 +50,8 @@ import Testing
                     let busy = try await onThread { () throws -> Int in
                         var busy = 0
                         for arguments in commands {
-                            while true {
-                                let result = try spawnAndWait(
-                                    hopctl, arguments + ["--db", database], scratch: folder.path("worker-\(worker)"))
-                                if result.status == 0 { break }
-                                // The one documented failure under load: the write lock stayed taken.
-                                guard result.status == 1 && result.stderr.contains("busy") else {
-                                    throw TestFailure("hopctl \(arguments): exit \(result.status): \(result.stderr)")
-                                }
-                                busy += 1
-                            }
+                            busy += try hopctlRetryingBusy(
+                                hopctl, arguments, database: database, scratch: folder.path("worker-\(worker)"))
                         }
                         return busy
                     }

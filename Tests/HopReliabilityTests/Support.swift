@@ -2,6 +2,7 @@ import CHopFaultVFS
 import Foundation
 import HopEngine
 import HopStore
+import HopTestSupport
 
 /// The start-up flow's history when nothing goes wrong.
 let referencePath = [
@@ -24,4 +25,20 @@ func faultOptions() -> HopStore.Options {
     var options = HopStore.Options()
     options.vfs = "hopfault"
     return options
+}
+
+/// Runs `hopctl` with `arguments` on `database` until it succeeds and returns how many times the
+/// write lock stayed taken (the one documented failure under load, retried). Blocks: call it from
+/// a thread of the test's own.
+@discardableResult
+func hopctlRetryingBusy(_ hopctl: String, _ arguments: [String], database: String, scratch: String) throws -> Int {
+    var busy = 0
+    while true {
+        let result = try spawnAndWait(hopctl, arguments + ["--db", database], scratch: scratch)
+        if result.status == 0 { return busy }
+        guard result.status == 1 && result.stderr.contains("busy") else {
+            throw TestFailure("hopctl \(arguments): exit \(result.status): \(result.stderr)")
+        }
+        busy += 1
+    }
 }
