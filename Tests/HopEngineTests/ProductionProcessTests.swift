@@ -46,8 +46,8 @@ import Testing
         try await daemon.waitForOutput("point after:hop:splash")
         let cancel = try await run("hopctl", ["cancel", "--flow", "startup", "--db", folder.database], in: folder)
         #expect(cancel.status == 0, "\(cancel.stderr)")
-        try await daemon.waitForOutput("settled cancelled", timeout: .seconds(2))
-        try await waitUntil("the splash task sees its cancellation", timeout: .seconds(2)) {
+        try await daemon.waitForOutput("settled cancelled", timeout: .seconds(10))
+        try await waitUntil("the splash task sees its cancellation", timeout: .seconds(10)) {
             ((try? String(contentsOfFile: folder.database + ".bodies", encoding: .utf8)) ?? "").contains(
                 "1 splash-cancelled")
         }
@@ -77,7 +77,7 @@ import Testing
         owner.kill()
         try await owner.waitForExit()
         try await other.waitForOutput("executing run 1 replaying 1", timeout: .seconds(10))
-        try await other.waitForOutput("parked onboarding", timeout: .seconds(5))
+        try await other.waitForOutput("parked onboarding", timeout: .seconds(10))
         let bodies = try String(contentsOfFile: folder.database + ".bodies", encoding: .utf8).split(separator: "\n")
         #expect(bodies.filter { $0 == "1 splash" }.count == 2, "the in-flight splash ran again in B: \(bodies)")
         #expect(try await store.history(runID: 1).filter { $0.kind == .hop && $0.step == "splash" }.count == 1)
@@ -93,7 +93,7 @@ import Testing
         try await daemon.waitForOutput("parked login")
         #expect(
             try await run("hopctl", ["session", "login", "alice", "--db", folder.database], in: folder).status == 0)
-        try await daemon.waitForOutput("parked main", timeout: .seconds(1))
+        try await daemon.waitForOutput("parked main", timeout: .seconds(10))
 
         let logout = try await run("hopctl", ["session", "logout", "--db", folder.database], in: folder)
         #expect(logout.stdout.contains("run 1 was re-routed by the logout"), "\(logout.stdout)")

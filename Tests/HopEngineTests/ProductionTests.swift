@@ -52,7 +52,7 @@ import Testing
         let second = try await startupEngine(folder, flow: flow)
         let service = Task { try await second.run() }
         defer { service.cancel() }
-        try await waitUntil("the run completes", timeout: .seconds(5)) {
+        try await waitUntil("the run completes", timeout: .seconds(10)) {
             try await second.storage.run(id: run.id)?.status == .completed
         }
         let history = try await second.storage.history(runID: run.id)

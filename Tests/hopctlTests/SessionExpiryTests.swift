@@ -59,7 +59,7 @@ import Testing
         defer { daemon.kill() }
         try await daemon.waitForOutput("parked login")
         #expect(try await hopctl(["session", "login", "alice", "--expires-in", "2s"], in: folder).status == 0)
-        try await daemon.waitForOutput("parked main", timeout: .seconds(5))
+        try await daemon.waitForOutput("parked main", timeout: .seconds(10))
         let expiry = try #require(try await store.session(subject: "default")?.expiresAt)
 
         try await waitUntil("the daemon parks at login again once the session expired", timeout: .seconds(10)) {
@@ -89,7 +89,7 @@ import Testing
         // An expiry of 3 s: the daemon is killed well before it, even on a machine loaded by the
         // whole suite (with 1 s, a slow kill let the daemon itself see the expiry first).
         #expect(try await hopctl(["session", "login", "alice", "--expires-in", "3s"], in: folder).status == 0)
-        try await first.waitForOutput("parked main", timeout: .seconds(5))
+        try await first.waitForOutput("parked main", timeout: .seconds(10))
         first.kill()
         try await first.waitForExit()
         let expiry = try #require(try await store.history(runID: 1).last).at.addingTimeInterval(3)

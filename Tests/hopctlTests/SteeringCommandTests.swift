@@ -14,7 +14,7 @@ import Testing
             ["unhop", "--flow", "startup", "--step", "onboarding", "--output", #"{"accepted": true}"#], in: folder)
         #expect(unhop.status == 0, "\(unhop.stderr)")
         #expect(unhop.stdout.contains("unhopped onboarding"))
-        try await daemon.waitForOutput("parked login", timeout: .seconds(1))
+        try await daemon.waitForOutput("parked login", timeout: .seconds(10))
 
         // The same command again (a retry, a double click): it must not finish login.
         let again = try await hopctl(["unhop", "--flow", "startup", "--step", "onboarding"], in: folder)
@@ -27,7 +27,7 @@ import Testing
         #expect(try await store.run(id: 1)?.currentStep == "login")
         #expect(try await store.session(subject: "default") == nil)
         #expect(try await hopctl(["session", "login", "alice"], in: folder).status == 0)
-        try await daemon.waitForOutput("settled completed", timeout: .seconds(5))
+        try await daemon.waitForOutput("settled completed", timeout: .seconds(10))
         let nothing = try await hopctl(["unhop", "--flow", "startup", "--step", "main"], in: folder)
         #expect(nothing.status == 1)
         #expect(nothing.stderr.contains("no unfinished run of flow 'startup' for subject 'default'"))
@@ -48,7 +48,7 @@ import Testing
         #expect(login.status == 0, "\(login.stderr)")
         #expect(!login.stdout.contains("very-secret-token") && !login.stderr.contains("very-secret-token"))
         #expect(login.stdout.contains("was waiting for a login"))
-        try await daemon.waitForOutput("settled completed", timeout: .seconds(1))
+        try await daemon.waitForOutput("settled completed", timeout: .seconds(10))
         let store = try await HopStore.open(path: folder.database)
         let session = try #require(try await store.session(subject: "default"))
         #expect(session.token == "very-secret-token" && session.userID == "alice")
