@@ -8,6 +8,7 @@ let package = Package(
         .library(name: "HopStore", targets: ["HopStore"]),
         .library(name: "HopEngine", targets: ["HopEngine"]),
         .library(name: "HopTesting", targets: ["HopTesting"]),
+        .library(name: "HopPostgres", targets: ["HopPostgres"]),
         .executable(name: "hopctl", targets: ["hopctl"]),
         .executable(name: "hop-demo", targets: ["hop-demo"]),
         .executable(name: "hop-bench", targets: ["hop-bench"]),
@@ -22,6 +23,10 @@ let package = Package(
         .package(url: "https://github.com/swift-server/swift-prometheus", from: "2.4.1"),
         .package(url: "https://github.com/hummingbird-project/hummingbird", from: "2.28.1", traits: []),
         .package(url: "https://github.com/swiftlang/swift-docc-plugin", from: "1.5.0"),
+        // Only HopPostgres (and what embeds it) builds these: a SQLite-only embedder never builds NIO.
+        .package(url: "https://github.com/vapor/postgres-nio", from: "1.33.2"),
+        // postgres-nio accepts swift-crypto 3 to 5; held at the release this project uses.
+        .package(url: "https://github.com/apple/swift-crypto", from: "3.12.3"),
     ],
     targets: [
         .systemLibrary(
@@ -55,6 +60,16 @@ let package = Package(
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "Tracing", package: "swift-distributed-tracing"),
             ]
+        ),
+        .target(
+            name: "HopPostgres",
+            dependencies: [
+                "HopStore",
+                .product(name: "PostgresNIO", package: "postgres-nio"),
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            plugins: ["EmbedMigrations"]
         ),
         .target(
             name: "HopTesting",
@@ -101,7 +116,7 @@ let package = Package(
         ),
         .executableTarget(
             name: "hop-test-daemon",
-            dependencies: ["HopEngine"],
+            dependencies: ["HopEngine", "HopPostgres"],
             path: "Tests/HopTestDaemon"
         ),
         .executableTarget(
@@ -131,7 +146,7 @@ let package = Package(
         ),
         .target(
             name: "HopTestSupport",
-            dependencies: ["HopEngine", "HopStoreTestSupport"],
+            dependencies: ["HopEngine", "HopPostgres", "HopStoreTestSupport"],
             path: "Tests/HopTestSupport"
         ),
         .testTarget(
@@ -141,7 +156,7 @@ let package = Package(
         .testTarget(
             name: "HopEngineTests",
             dependencies: [
-                "HopEngine", "HopTesting", "HopTestSupport", "hop-test-daemon", "hopctl", "hop-demo",
+                "HopEngine", "HopTesting", "HopTestSupport", "HopPostgres", "hop-test-daemon", "hopctl", "hop-demo",
                 .product(name: "MetricsTestKit", package: "swift-metrics"),
                 .product(name: "InMemoryTracing", package: "swift-distributed-tracing"),
                 .product(name: "InMemoryLogging", package: "swift-log"),

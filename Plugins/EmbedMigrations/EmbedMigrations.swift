@@ -1,12 +1,21 @@
 import Foundation
 import PackagePlugin
 
-/// Compiles the numbered SQL files of `Migrations/` into the target that uses this plugin,
-/// so that a binary copied to another machine still carries its whole schema.
+/// Compiles the numbered SQL files of `Migrations/` (SQLite's, for HopStore) or of
+/// `Migrations/<dialect>/` (for a backend's target: `Migrations/postgres/` for HopPostgres) into
+/// the target that uses this plugin, so that a binary copied to another machine still carries its
+/// whole schema.
 @main
 struct EmbedMigrations: BuildToolPlugin {
     func createBuildCommands(context: PluginContext, target: Target) async throws -> [Command] {
-        let migrations = context.package.directoryURL.appending(path: "Migrations")
+        // A backend's target: its dialect's folder, and `Migration.<dialect>Embedded` beside HopStore's own.
+        let dialects = ["HopPostgres": "postgres"]
+        var migrations = context.package.directoryURL.appending(path: "Migrations")
+        var options: [String] = []
+        if let dialect = dialects[target.name] {
+            migrations = migrations.appending(path: dialect)
+            options = ["--import", "HopStore", "--name", "\(dialect)Embedded"]
+        }
         let files = try FileManager.default
             .contentsOfDirectory(at: migrations, includingPropertiesForKeys: nil)
             .filter { $0.pathExtension == "sql" }
@@ -16,7 +25,7 @@ struct EmbedMigrations: BuildToolPlugin {
             .buildCommand(
                 displayName: "Embedding \(files.count) migrations into \(target.name)",
                 executable: try context.tool(named: "hop-embed-migrations").url,
-                arguments: [output.path] + files.map(\.path),
+                arguments: [output.path] + options + files.map(\.path),
                 inputFiles: files,
                 outputFiles: [output]
             )

@@ -49,7 +49,7 @@ import Testing
         // The diverged run: shipped code ran it into login; changed code replays it and diverges.
         let folder = try TemporaryDirectory()
         let storage = try await backend.open(folder)
-        let store = try await HopStore.open(path: folder.database)  // hopctl's side of the database
+        let store = try await backend.open(folder)  // hopctl's side of the database
         let bodies = Bodies()
         let shipped = Self.engine(storage, Self.shipped, bodies: bodies)
         let run = try await shipped.start("startup", subject: "kiosk-1")
@@ -72,7 +72,8 @@ import Testing
             let before = bodies.lines.withLock { $0 }
             let fork: (old: RunRecord, new: RunRecord)
             do {
-                fork = try await store.forkRun(flow: "startup", subject: "kiosk-1", runID: run.id, through: seq)
+                fork = try await store.forkRun(
+                    flow: "startup", subject: "kiosk-1", runID: run.id, through: seq, version: nil)
             } catch let error as HopError where error.code == .refused {
                 // Only a cut inside a hop (its step would be in flight) is refused, and it changes nothing.
                 #expect(error.reason.contains("in flight"), "entry \(seq): \(error)")

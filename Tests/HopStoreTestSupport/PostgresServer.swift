@@ -17,6 +17,19 @@ public final class PostgresServer: Sendable {
     public let folder: TemporaryDirectory
     /// The folder of the server's Unix socket: psql's and a client's `host`.
     public var socketDirectory: String { folder.path("") }
+    /// The URL of database `name` on this server, for a client (`postgres://postgres@/NAME?host=FOLDER`).
+    public func url(database name: String) -> String {
+        "postgres://\(user)@/\(name)?host=\(socketDirectory.hasSuffix("/") ? String(socketDirectory.dropLast()) : socketDirectory)"
+    }
+
+    /// The pid of the server's postmaster, once started.
+    public var postmasterPID: pid_t? {
+        guard let text = try? String(contentsOfFile: folder.path("data/postmaster.pid"), encoding: .utf8),
+            let line = text.split(separator: "\n").first
+        else { return nil }
+        return pid_t(line)
+    }
+
     /// The port in the socket's name (`.s.PGSQL.<port>`); nothing listens on TCP.
     public let port = 5432
     /// The superuser, who may connect over the socket without a password.
@@ -41,7 +54,7 @@ public final class PostgresServer: Sendable {
 
     /// The folder of PostgreSQL's server programs (Debian: `/usr/lib/postgresql/<major>/bin`,
     /// the newest), or the folder of `pg_ctl` on `PATH`; `nil` when there is none.
-    static func serverBinaries() -> String? {
+    public static func serverBinaries() -> String? {
         let debian = "/usr/lib/postgresql"
         let majors = ((try? FileManager.default.contentsOfDirectory(atPath: debian)) ?? []).compactMap(Int.init)
         for major in majors.sorted(by: >)
@@ -58,7 +71,7 @@ public final class PostgresServer: Sendable {
     }
 
     /// Whether a test must fail rather than skip when PostgreSQL is missing.
-    static var isCI: Bool { ProcessInfo.processInfo.environment["CI"] == "true" }
+    public static var isCI: Bool { ProcessInfo.processInfo.environment["CI"] == "true" }
 
     /// Starts a server in a new temporary folder; `nil` (said on standard error) when PostgreSQL
     /// is not installed and this is not CI.
@@ -95,7 +108,9 @@ public final class PostgresServer: Sendable {
             "pg_ctl",
             [
                 "-D", folder.path("data"), "-l", folder.path("server.log"), "-w", "-t", "60", "-o",
-                "-k \(folder.path("")) -p \(server.port) -c listen_addresses=''", "start",
+                // A test server: many connections (every test its stores), no fsync (tests kill processes, never the machine).
+                "-k \(folder.path("")) -p \(server.port) -c listen_addresses='' -c max_connections=500 -c fsync=off",
+                "start",
             ])
         return server
     }

@@ -1,12 +1,15 @@
 import Foundation
 import HopEngine
+import HopPostgres
 import HopStore
 import Logging
 
 // Test helper: a daemon process running the startup flow on a real database, for the tests
 // that kill, restart and steer it from outside.
 //
-// Usage: hop-test-daemon --db PATH [--external] [--version V] [--subject S]
+// Usage: hop-test-daemon --db PATH|postgres://URL [--files PREFIX] [--external] [--version V] [--subject S]
+//   --files PREFIX  where PREFIX.bodies and PREFIX.release live (default: the database's path;
+//                required in effect with a postgres:// database)
 //   --external   onboarding and login are external steps (login is unhopped by storing a session),
 //                and the engine runs as a service until the run completes;
 //                otherwise every step runs in process and the daemon exits once the run settles.
@@ -41,6 +44,7 @@ import Logging
 
 struct Options {
     var path = ""
+    var files: String?
     var external = false
     var version = "1"
     var subject = "default"
@@ -62,6 +66,7 @@ struct Options {
         while let argument = arguments.popFirst() {
             switch argument {
             case "--db": options.path = arguments.popFirst() ?? ""
+            case "--files": options.files = arguments.popFirst()
             case "--external": options.external = true
             case "--version": options.version = arguments.popFirst() ?? "1"
             case "--subject": options.subject = arguments.popFirst() ?? "default"
@@ -124,7 +129,9 @@ let environment = ProcessInfo.processInfo.environment
 let killAt = environment["HOP_TEST_KILL_AT"]
 let failures = Int(environment["HOP_TEST_FAILS"] ?? "") ?? 0
 let slowSplash = environment["HOP_TEST_SLOW_SPLASH"] == "1"
-let bodies = path + ".bodies"
+// A database on a server has no folder: --files names the prefix of the test's files then.
+let files = options.files ?? path
+let bodies = files + ".bodies"
 
 func noteBody(_ context: StepContext, _ what: String? = nil) {
     let step = "\(context.runID) \(what ?? context.step)"
@@ -153,9 +160,10 @@ let observer: @Sendable (EngineEvent) -> Void = { event in
 var logger = Logger(label: "hop-test-daemon")
 logger.logLevel = .error
 do {
-    let store = try await HopStore.open(path: path)
+    let database = try await HopDatabase.open(path)
+    let store = database.storage
     let engine = HopEngine(
-        store: store, logger: logger,
+        database: database, logger: logger,
         configuration: .init(
             pollInterval: .milliseconds(20), leaseDuration: .milliseconds(Int64(options.lease * 1000)),
             observer: observer,
@@ -212,7 +220,7 @@ do {
         })
     engine.register(step: "work") { step in
         noteBody(step)
-        while !FileManager.default.fileExists(atPath: path + ".release") {
+        while !FileManager.default.fileExists(atPath: files + ".release") {
             try await Task.sleep(for: .milliseconds(20))
         }
     }
@@ -244,7 +252,8 @@ do {
         var current = run
         func othersUnfinished() async throws -> Bool {
             guard options.waitAll else { return false }
-            let runs = try await store.runs()
+            guard let file = store as? HopStore else { throw UsageError("--wait-all needs a SQLite database") }
+            let runs = try await file.runs()
             return runs.contains { $0.status.isUnfinished }
         }
         while current.status.isUnfinished {
@@ -265,6 +274,11 @@ do {
 } catch {
     FileHandle.standardError.write(Data("hop-test-daemon: \(error)\n".utf8))
     exit(1)
+}
+
+struct UsageError: Error, CustomStringConvertible {
+    var description: String
+    init(_ description: String) { self.description = description }
 }
 
 struct SplashError: Error, CustomStringConvertible {

@@ -1,4 +1,12 @@
+import Foundation
 import HopEngine
+import HopPostgres
+import HopStoreTestSupport
+import Synchronization
+
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// A storage backend the engine's tests run against: the engine suite is parameterised over
 /// ``all``, so every backend passes the same tests (`@Test(arguments: TestBackend.all)`).
@@ -7,12 +15,85 @@ package struct TestBackend: Sendable, CustomStringConvertible {
     package let name: String
     /// Opens a fresh storage whose data lives in `folder` (or, for a server, in a database made for it).
     package let open: @Sendable (_ folder: TemporaryDirectory) async throws -> any HopStorage
+    /// Where a fresh test's data lives, for a process or a second store to open: the database file
+    /// in `folder`, or the URL of the test's database on the server (one per folder).
+    package let location: @Sendable (_ folder: TemporaryDirectory) async throws -> String
 
     package var description: String { name }
 
     /// One SQLite file (`HopStore`).
-    package static let sqlite = TestBackend(name: "sqlite") { folder in try await HopStore.open(path: folder.database) }
+    package static let sqlite = TestBackend(
+        name: "sqlite", open: { folder in try await HopStore.open(path: folder.database) },
+        location: { folder in folder.database })
 
-    /// Every backend the engine's tests run against. A new backend adds itself here.
-    package static let all: [TestBackend] = [.sqlite]
+    /// A PostgreSQL server this test process started (`PostgresStore`): a database per test
+    /// folder, so that every store a test opens on its folder sees the same data.
+    package static let postgres = TestBackend(
+        name: "postgres",
+        open: { folder in try await PostgresStore.open(url: try await TestDatabases.shared.url(for: folder)) },
+        location: { folder in try await TestDatabases.shared.url(for: folder) })
+
+    /// Every backend the engine's tests run against: PostgreSQL too where its server programs are
+    /// installed (`script/setup`), and always in CI (`CI=true`), where a missing PostgreSQL fails.
+    package static let all: [TestBackend] = {
+        if PostgresServer.serverBinaries() != nil || PostgresServer.isCI { return [.sqlite, .postgres] }
+        FileHandle.standardError.write(
+            Data(
+                "skipping the PostgreSQL backend in the engine tests: PostgreSQL's server programs are not installed (run script/setup)\n"
+                    .utf8))
+        return [.sqlite]
+    }()
+}
+
+/// The PostgreSQL server of this test process, started on first use and shut down when the
+/// process exits, and a new database on it for each test that asks.
+package actor TestDatabases {
+    package static let shared = TestDatabases()
+
+    private var server: Task<PostgresServer, any Error>?
+    private var made = 0
+    private var databases: [String: Task<String, any Error>] = [:]
+
+    /// The URL of the database of the test whose folder is `folder`, created empty on first use.
+    package func url(for folder: TemporaryDirectory) async throws -> String {
+        let key = folder.path("")
+        if let database = databases[key] { return try await database.value }
+        made += 1
+        let name = "hop_test_\(made)"
+        let creating = Task {
+            let server = try await started()
+            try await server.createDatabase(name)
+            return server.url(database: name)
+        }
+        databases[key] = creating
+        return try await creating.value
+    }
+
+    /// The server, started by the first caller; the others wait for it.
+    private func started() async throws -> PostgresServer {
+        if let server { return try await server.value }
+        let starting = Task { try await Self.start() }
+        server = starting
+        return try await starting.value
+    }
+
+    private static func start() async throws -> PostgresServer {
+        guard let started = try await PostgresServer.start() else {
+            throw TestFailure("PostgreSQL's server programs are not installed: run script/setup")
+        }
+        if let pid = started.postmasterPID {
+            Shutdown.postmaster.store(pid, ordering: .relaxed)
+            atexit {
+                // A static's deinit never runs: the server stops with the process.
+                let pid = Shutdown.postmaster.load(ordering: .relaxed)
+                if pid > 0 { kill(pid, SIGQUIT) }
+            }
+        }
+        return started
+    }
+}
+
+/// What the exit handler stops.
+private enum Shutdown {
+    static let postmaster = Atomic<Int32>(0)
 }

@@ -56,6 +56,12 @@ public actor HopEngine {
         self.init(storage: store, logger: logger, configuration: configuration)
     }
 
+    /// An engine over `database`, whichever backend holds it (a SQLite file or a PostgreSQL
+    /// server shared by a fleet of daemons): the same flows, the same guarantees.
+    public init(database: HopDatabase, logger: Logger, configuration: Configuration = Configuration()) {
+        self.init(storage: database.storage, logger: logger, configuration: configuration)
+    }
+
     /// An engine over any storage.
     package init(storage: any HopStorage, logger: Logger, configuration: Configuration = Configuration()) {
         let incarnation = storage.makeIncarnation(

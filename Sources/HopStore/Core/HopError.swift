@@ -42,6 +42,8 @@ public struct HopError: Error, Sendable, CustomStringConvertible {
         public static let migrationEdited = Code("migrationEdited")
         /// Any other failure of the database.
         public static let sqlite = Code("sqlite")
+        /// PostgreSQL refused or failed a statement, or its server could not be reached.
+        public static let postgres = Code("postgres")
 
         // MARK: Requests
 
@@ -106,7 +108,7 @@ public struct HopError: Error, Sendable, CustomStringConvertible {
     public var isDatabaseFailure: Bool {
         switch code {
         case .busy, .notADatabase, .cannotOpen, .missing, .ioFailure, .schemaTooNew, .schemaOutdated,
-            .migrationEdited, .sqlite:
+            .migrationEdited, .sqlite, .postgres:
             true
         default: false
         }

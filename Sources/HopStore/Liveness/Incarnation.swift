@@ -29,18 +29,35 @@ public final class Incarnation: Sendable {
     public let label: String
     /// The locked file's descriptor, open (and locked) for the incarnation's whole life.
     private let lockDescriptor: Int32?
+    /// A server backend's proof of liveness (the connection holding its advisory lock), kept for
+    /// the incarnation's whole life and let go of with it.
+    private let serverLock: (any Sendable)?
 
-    /// Whether other engines on this host can prove this incarnation dead by its lock.
-    public var canProveLiveness: Bool { lockDescriptor != nil }
+    /// Whether other engines can prove this incarnation dead by its lock.
+    public var canProveLiveness: Bool { lockDescriptor != nil || serverLock != nil }
 
     /// A new incarnation labelled `label` for the database at `databasePath`, holding its
     /// liveness lock when the lock folder can be written.
     init(label: String, databasePath: String) {
         self.label = label
-        let id = "\(label)#\(Token.random(byteCount: 8))"
+        let id = Self.makeID(label: label)
         self.id = id
         lockDescriptor = try? LivenessLocks(databasePath: databasePath).lock(incarnation: id)
+        serverLock = nil
     }
+
+    /// A new incarnation labelled `label` with the owner value `id` (made by ``makeID(label:)``),
+    /// whose proof of liveness is `serverLock`: a lock that a server drops with the connection
+    /// holding it, kept for as long as the incarnation lives.
+    package init(label: String, id: String, serverLock: any Sendable) {
+        self.label = label
+        self.id = id
+        self.lockDescriptor = nil
+        self.serverLock = serverLock
+    }
+
+    /// A new owner value for an incarnation labelled `label`: the label, `#`, and 16 random hex digits.
+    package static func makeID(label: String) -> String { "\(label)#\(Token.random(byteCount: 8))" }
 
     deinit {
         // Closing the descriptor releases the lock: the file stays for another engine to find,

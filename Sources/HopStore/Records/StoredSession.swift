@@ -33,3 +33,12 @@ public struct StoredSession: Sendable, Equatable, Codable, CustomStringConvertib
         token.count <= 8 ? "********" : String(token.prefix(4)) + "…" + "********"
     }
 }
+
+extension StoredSession {
+    /// A session as another backend stored it.
+    package static func stored(
+        subject: String, userID: String, token: String, createdAt: Date, expiresAt: Date?
+    ) -> StoredSession {
+        StoredSession(subject: subject, userID: userID, token: token, createdAt: createdAt, expiresAt: expiresAt)
+    }
+}

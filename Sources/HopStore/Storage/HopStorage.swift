@@ -63,6 +63,11 @@ package protocol HopStorage: Sendable {
     /// `version` (the old run's when `nil`).
     @discardableResult
     func restartRun(flow: String, subject: String, version: String?) async throws -> RunRecord
+    /// Starts a new run that takes the history of run `runID` (the latest when `nil`) through
+    /// entry `seq` as done, on `version` (the old run's when `nil`); see `HopStore.forkRun`.
+    func forkRun(
+        flow: String, subject: String, runID: Int64?, through seq: Int64, version: String?
+    ) async throws -> (old: RunRecord, new: RunRecord)
     /// Marks the run diverged: the flow code asked for another path than its history.
     @discardableResult
     func divergeRun(runID: Int64, step: String?, message: String, owner: String?) async throws -> HistoryEntry

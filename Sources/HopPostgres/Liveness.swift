@@ -1,0 +1,199 @@
+import Foundation
+import HopStore
+import Logging
+import PostgresNIO
+import Synchronization
+
+/// An incarnation's proof of liveness on PostgreSQL: a session-level advisory lock, keyed by the
+/// 64 random bits of the incarnation's owner value, held on a connection of its own for as long
+/// as the incarnation lives. The server drops it when the connection ends (the process died, its
+/// machine or network went away), and another engine that no longer finds it in `pg_locks`
+/// knows the owner is gone. A frozen process keeps its connection, hence its lock: its runs are
+/// taken over only when their leases expire.
+///
+/// The lock is taken in the background; the store waits for it (``held()``) before it records
+/// the incarnation as the owner of any run, so no run is ever held by an owner without its lock.
+final class AdvisoryLock: Sendable {
+    /// The lock's key.
+    let key: Int64
+    private let state = Mutex<State>(.acquiring([]))
+    private let task = Mutex<Task<Void, Never>?>(nil)
+
+    private enum State {
+        case acquiring([CheckedContinuation<Void, any Error>])
+        case held
+        case failed(HopError)
+    }
+
+    /// The lock key of an owner value ending in `#` and 16 hex digits; `nil` for any other.
+    static func key(ofOwner owner: String) -> Int64? {
+        guard let hash = owner.lastIndex(of: "#") else { return nil }
+        let digits = owner[owner.index(after: hash)...]
+        guard digits.count == 16, let value = UInt64(digits, radix: 16) else { return nil }
+        return Int64(bitPattern: value)
+    }
+
+    init(key: Int64, url: PostgresURL, logger: Logger) {
+        self.key = key
+        task.withLock {
+            $0 = Task { [weak self] in await self?.hold(url: url, logger: logger) }
+        }
+    }
+
+    deinit {
+        task.withLock { $0?.cancel() }
+    }
+
+    /// Waits until the lock is held; throws when it could not be taken.
+    func held() async throws {
+        try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
+            state.withLock { state in
+                switch state {
+                case .acquiring(var waiting):
+                    waiting.append(continuation)
+                    state = .acquiring(waiting)
+                case .held: continuation.resume()
+                case .failed(let error): continuation.resume(throwing: error)
+                }
+            }
+        }
+    }
+
+    private func settle(_ outcome: Result<Void, HopError>) {
+        let waiting = state.withLock { state -> [CheckedContinuation<Void, any Error>] in
+            guard case .acquiring(let waiting) = state else { return [] }
+            switch outcome {
+            case .success: state = .held
+            case .failure(let error): state = .failed(error)
+            }
+            return waiting
+        }
+        for continuation in waiting { continuation.resume(with: outcome.mapError { $0 as any Error }) }
+    }
+
+    /// Connects, takes the lock and keeps the connection until cancelled (the incarnation ended).
+    private func hold(url: PostgresURL, logger: Logger) async {
+        let operation = "take the liveness lock"
+        let connection: PostgresConnection
+        do {
+            connection = try await PostgresConnection.connect(
+                configuration: try url.connectionConfiguration(), id: 1, logger: PostgresStore.quiet)
+        } catch {
+            settle(.failure(PostgresStore.map(error, operation: operation, location: url.redacted)))
+            return
+        }
+        do {
+            _ = try await connection.query(
+                PostgresValue.query("SELECT pg_advisory_lock($1)", [.int(key)]), logger: PostgresStore.quiet
+            ).collect()
+            settle(.success(()))
+        } catch {
+            settle(.failure(PostgresStore.map(error, operation: operation, location: url.redacted)))
+            try? await connection.close()
+            return
+        }
+        // Held until the incarnation ends: then the connection closes and the server lets go.
+        await withTaskCancellationHandler {
+            try? await connection.closeFuture.get()
+        } onCancel: {
+            connection.close().whenComplete { _ in }
+        }
+        if !Task.isCancelled {
+            logger.error(
+                "lost the connection holding this engine's liveness lock; other engines may take its runs over, and it writes nothing more to those",
+                metadata: ["hop.lock": "\(key)"])
+        }
+    }
+}
+
+/// Moves ``PostgresStore/changeVersion()`` when another store notifies a change: `LISTEN` on a
+/// connection of its own. When that connection drops it connects again, and counts a change
+/// (notifications sent meanwhile were lost), so an engine looks at the database again.
+final class ChangeListener: Sendable {
+    private let url: PostgresURL
+    private let logger: Logger
+    private let version = Mutex<Int64>(0)
+    private let ready = Mutex<(listening: Bool, waiting: [CheckedContinuation<Void, Never>])>((false, []))
+    private let task = Mutex<Task<Void, Never>?>(nil)
+    /// The store's own name on the channel: its notifications are not changes to it.
+    private let instance = Mutex<String>("")
+
+    init(url: PostgresURL, logger: Logger) {
+        self.url = url
+        self.logger = logger
+    }
+
+    /// The number of changes other stores notified (and of reconnections).
+    var current: Int64 { version.withLock { $0 } }
+
+    /// Starts listening for changes other than `instance`'s; returns once listening.
+    func start(ignoring instance: String) async throws {
+        self.instance.withLock { $0 = instance }
+        // Connect once here, so that a bad URL or an unreachable server fails the open.
+        let connection = try await PostgresConnection.connect(
+            configuration: try url.connectionConfiguration(), id: 2, logger: PostgresStore.quiet)
+        task.withLock { $0 = Task { [weak self] in await self?.listen(first: connection) } }
+        await withCheckedContinuation { continuation in
+            let listening = ready.withLock { ready -> Bool in
+                if ready.listening { return true }
+                ready.waiting.append(continuation)
+                return false
+            }
+            if listening { continuation.resume() }
+        }
+    }
+
+    func stop() {
+        task.withLock { $0?.cancel() }
+    }
+
+    private func listen(first: PostgresConnection) async {
+        var connection: PostgresConnection? = first
+        while !Task.isCancelled {
+            do {
+                let current: PostgresConnection
+                if let connection {
+                    current = connection
+                } else {
+                    current = try await PostgresConnection.connect(
+                        configuration: try url.connectionConfiguration(), id: 2, logger: PostgresStore.quiet)
+                }
+                connection = nil
+                let own = instance.withLock { $0 }
+                try await withTaskCancellationHandler {
+                    try await current.listen(on: PostgresStore.channel) { notifications in
+                        // Listening now: notifications committed from here on arrive.
+                        version.withLock { $0 += 1 }
+                        let waiting = ready.withLock { ready in
+                            ready.listening = true
+                            defer { ready.waiting = [] }
+                            return ready.waiting
+                        }
+                        for continuation in waiting { continuation.resume() }
+                        for try await notification in notifications where notification.payload != own {
+                            version.withLock { $0 += 1 }
+                        }
+                    }
+                } onCancel: {
+                    current.close().whenComplete { _ in }
+                }
+                try? await current.close()
+            } catch {
+                if Task.isCancelled { break }
+                logger.warning(
+                    "lost the connection that listens for changes; connecting again",
+                    metadata: [
+                        "hop.error":
+                            "\(PostgresStore.map(error, operation: "listen for changes", location: url.redacted))"
+                    ])
+                try? await Task.sleep(for: .milliseconds(200))
+            }
+        }
+        // Whoever still waits for the first LISTEN is let go (the store is closing).
+        let waiting = ready.withLock { ready in
+            defer { ready.waiting = [] }
+            return ready.waiting
+        }
+        for continuation in waiting { continuation.resume() }
+    }
+}

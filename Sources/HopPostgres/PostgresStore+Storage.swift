@@ -1,0 +1,713 @@
+import Foundation
+import HopStore
+import PostgresNIO
+
+/// The storage seam on PostgreSQL: every operation an engine needs, with the semantics of the
+/// SQLite store (see `HopStorage`), each mutation one transaction.
+extension PostgresStore: HopStorage {
+    package var location: String { url.redacted }
+
+    // MARK: Liveness and change notification
+
+    package func makeIncarnation(label: String) -> Incarnation {
+        let id = Incarnation.makeID(label: label)
+        // makeID ends every id in '#' and 16 hex digits, whose 64 bits are the lock's key.
+        let lock = AdvisoryLock(key: AdvisoryLock.key(ofOwner: id) ?? 0, url: url, logger: logger)
+        locks.withLock { locks in
+            locks = locks.filter { $0.value.lock != nil }
+            locks[id] = WeakLock(lock: lock)
+        }
+        return Incarnation(label: label, id: id, serverLock: lock)
+    }
+
+    /// Waits until `owner`'s liveness lock is held, when the incarnation was made here: a run is
+    /// never recorded as held by an owner that other engines could not prove alive.
+    func ensureLiveness(of owner: String?) async throws {
+        guard let owner, let lock = locks.withLock({ $0[owner]?.lock }) else { return }
+        try await lock.held()
+    }
+
+    package func changeVersion() async throws -> Int64 { changes.current }
+
+    // MARK: Durability
+
+    /// Nothing waits to be committed: every write commits before it returns.
+    package func makeDurable() async throws {}
+
+    package func waitUntilDurable() async throws {}
+
+    // MARK: Run lifecycle
+
+    package func startRun(
+        flow: String, subject: String, version: String, owner: String?, until: Date?, durability: WriteDurability
+    ) async throws -> (run: RunRecord, created: Bool) {
+        try validate(flow, as: "flow name")
+        try validate(subject, as: "subject")
+        try validate(version, as: "flow version")
+        try await ensureLiveness(of: owner)
+        return try await transaction("start run of \(flow) for \(subject)") { tx in
+            if let existing = try await tx.unfinishedRun(flow: flow, subject: subject) { return (existing, false) }
+            let run = try await tx.insertRun(flow: flow, subject: subject, version: version, owner: owner, until: until)
+            if owner == nil { try await tx.notifyChange() }
+            return (run, true)
+        }
+    }
+
+    @discardableResult
+    package func cancelRun(flow: String, subject: String, reason: String) async throws -> RunRecord {
+        try validate(flow, as: "flow name")
+        try validate(subject, as: "subject")
+        let operation = "cancel \(flow) for \(subject)"
+        return try await transaction(operation) { tx in
+            guard let run = try await tx.unfinishedRun(flow: flow, subject: subject) else {
+                throw tx.noUnfinishedRun(flow: flow, subject: subject, operation: operation)
+            }
+            try await tx.append(runID: run.id, .cancel, step: run.currentStep, value: reason)
+            try await tx.setStatus(run.id, .cancelled)
+            try await tx.notifyChange()
+            return try await tx.requireRun(run.id, operation: operation)
+        }
+    }
+
+    @discardableResult
+    package func startNewRun(
+        flow: String, subject: String, version: String?, allowingNewFlow: Bool
+    ) async throws -> RunRecord {
+        try validate(flow, as: "flow name")
+        try validate(subject, as: "subject")
+        if let version { try validate(version, as: "flow version") }
+        let operation = "start \(flow) for \(subject)"
+        return try await transaction(operation) { tx in
+            if let existing = try await tx.unfinishedRun(flow: flow, subject: subject) {
+                let place = existing.currentStep.map { " at step '\($0)'" } ?? ""
+                throw tx.refuse(
+                    .refused, operation,
+                    "run \(existing.id) of flow '\(flow)' for subject '\(subject)' is unfinished (\(existing.status.rawValue)\(place)); a subject has at most one unfinished run of a flow",
+                    hint: "Let it finish, or end it first with `hopctl cancel` (or start over with `hopctl restart`)")
+            }
+            let newest = try await tx.queryOne(
+                "SELECT flow_version FROM runs WHERE flow = $1 ORDER BY id DESC LIMIT 1", [.text(flow)]
+            ) { try $0.text(0) }
+            if newest == nil && !allowingNewFlow {
+                let known = try await tx.query("SELECT DISTINCT flow FROM runs ORDER BY flow", []) { try $0.text(0) }
+                let listed =
+                    known.isEmpty
+                    ? "no flow has run here yet" : "the flows that ran here: \(known.joined(separator: ", "))"
+                throw tx.refuse(
+                    .refused, operation, "no run of flow '\(flow)' has ever run here (\(listed))",
+                    hint:
+                        "Check the flow's name; to start the first run of a flow a daemon has registered, pass --force and its --version"
+                )
+            }
+            guard let chosen = version ?? newest else {
+                throw tx.refuse(
+                    .refused, operation, "no run of flow '\(flow)' has run here to take the flow version from",
+                    hint: "Pass the flow version the daemon registered (--version)")
+            }
+            let run = try await tx.insertRun(flow: flow, subject: subject, version: chosen)
+            try await tx.notifyChange()
+            return run
+        }
+    }
+
+    package func prune(_ pruning: Pruning, dryRun: Bool) async throws -> PruneReport {
+        if let flow = pruning.flow { try validate(flow, as: "flow name") }
+        let operation = "prune runs finished before \(pruning.finishedBefore.formatted(.iso8601))"
+        let selection = """
+            FROM runs r
+            WHERE r.status NOT IN \(RunStatus.pgUnfinished) AND r.updated_at < $1 AND ($2::text IS NULL OR r.flow = $2)
+                AND r.id < (SELECT max(id) FROM runs)
+                AND (SELECT count(*) FROM (
+                    SELECT 1 FROM runs n WHERE n.flow = r.flow AND n.subject = r.subject AND n.id > r.id LIMIT $3
+                ) AS later) >= $3
+            """
+        let values: [PostgresValue] = [
+            .int(Clock.milliseconds(pruning.finishedBefore)), .optional(pruning.flow),
+            .int(Int64(max(0, pruning.keepLast))),
+        ]
+        if dryRun {
+            let counts = try await readOne(
+                "SELECT count(*), coalesce(sum((SELECT count(*) FROM history h WHERE h.run_id = r.id)), 0)::bigint \(selection)",
+                values, operation: operation
+            ) { (Int(try $0.int64(0)), Int(try $0.int64(1))) }
+            return PruneReport(
+                runs: counts?.0 ?? 0, historyEntries: counts?.1 ?? 0, batches: 0, reclaimedBytes: 0,
+                reclaimsIncrementally: false)
+        }
+        // The server's autovacuum reclaims the space of deleted rows for new ones.
+        var report = PruneReport(
+            runs: 0, historyEntries: 0, batches: 0, reclaimedBytes: 0, reclaimsIncrementally: false)
+        let batchSize = Int64(max(1, pruning.batchSize))
+        while true {
+            try Task.checkCancellation()
+            let removed: (runs: Int, entries: Int) = try await transaction(operation) { tx in
+                let ids = try await tx.query(
+                    "SELECT r.id \(selection) ORDER BY r.id LIMIT $4 FOR UPDATE SKIP LOCKED", values + [.int(batchSize)]
+                ) { try $0.int64(0) }
+                guard !ids.isEmpty else { return (0, 0) }
+                let entries =
+                    try await tx.queryOne("SELECT count(*) FROM history WHERE run_id = ANY($1)", [.ints(ids)]) {
+                        Int(try $0.int64(0))
+                    } ?? 0
+                // The history goes with its run (ON DELETE CASCADE).
+                let runs = try await tx.run("DELETE FROM runs WHERE id = ANY($1) RETURNING 1", [.ints(ids)])
+                return (runs, entries)
+            }
+            guard removed.runs > 0 else { break }
+            report.runs += removed.runs
+            report.historyEntries += removed.entries
+            report.batches += 1
+        }
+        return report
+    }
+
+    @discardableResult
+    package func restartRun(flow: String, subject: String, version: String?) async throws -> RunRecord {
+        try validate(flow, as: "flow name")
+        try validate(subject, as: "subject")
+        if let version { try validate(version, as: "flow version") }
+        let operation = "restart \(flow) for \(subject)"
+        return try await transaction(operation) { tx in
+            let latest = try await tx.requireLatestRun(flow: flow, subject: subject, operation: operation)
+            if latest.status.isUnfinished {
+                try await tx.append(runID: latest.id, .restart, step: latest.currentStep, value: "restarted")
+                try await tx.setStatus(latest.id, .cancelled)
+            }
+            let run = try await tx.insertRun(flow: flow, subject: subject, version: version ?? latest.flowVersion)
+            try await tx.notifyChange()
+            return run
+        }
+    }
+
+    package func forkRun(
+        flow: String, subject: String, runID: Int64?, through seq: Int64, version: String?
+    ) async throws -> (old: RunRecord, new: RunRecord) {
+        try validate(flow, as: "flow name")
+        try validate(subject, as: "subject")
+        if let version { try validate(version, as: "flow version") }
+        let operation = "fork \(flow) for \(subject)"
+        return try await transaction(operation) { tx in
+            let old: RunRecord
+            if let runID {
+                guard let found = try await tx.run(id: runID, locking: true) else {
+                    throw tx.refuse(
+                        .notFound, operation, "run \(runID) does not exist", hint: "List runs with `hopctl status`")
+                }
+                guard found.flow == flow, found.subject == subject else {
+                    throw tx.refuse(
+                        .notFound, operation,
+                        "run \(runID) belongs to flow '\(found.flow)' for subject '\(found.subject)', not '\(flow)' for '\(subject)'",
+                        hint: "Pass the matching --flow and --subject")
+                }
+                old = found
+            } else {
+                old = try await tx.requireLatestRun(flow: flow, subject: subject, operation: operation)
+            }
+            if let other = try await tx.unfinishedRun(flow: flow, subject: subject), other.id != old.id {
+                throw tx.refuse(
+                    .refused, operation, "run \(other.id) of the subject is unfinished; nothing was changed",
+                    hint: "Fork its latest run, or cancel run \(other.id) first")
+            }
+            let history = try await tx.query(
+                "SELECT \(HistoryEntry.pgColumns) FROM history WHERE run_id = $1 ORDER BY seq", [.int(old.id)],
+                HistoryEntry.init(pg:))
+            guard let last = history.last?.seq, seq >= 1, seq <= last else {
+                throw tx.refuse(
+                    .refused, operation,
+                    "run \(old.id) has no entry \(seq) (its entries are 1 to \(history.last?.seq ?? 0)); nothing was changed",
+                    hint: "Choose an entry from `hopctl history --flow \(flow) --subject \(subject) --run \(old.id)`")
+            }
+            let taken = history.filter { $0.seq <= seq && $0.kind.isReplayed }
+            if let hop = taken.last(where: { $0.kind == .hop }),
+                !taken.contains(where: { $0.kind.endsStep && $0.token == hop.token })
+            {
+                throw tx.refuse(
+                    .refused, operation,
+                    "at entry \(seq), step '\(hop.step ?? "?")' of run \(old.id) is in flight (its hop is entry \(hop.seq), its end is not taken); nothing was changed",
+                    hint: "Fork through entry \(hop.seq - 1) to enter '\(hop.step ?? "?")' again, or through its end")
+            }
+            if old.status.isUnfinished { try await tx.setStatus(old.id, .cancelled) }
+            let new = try await tx.insertRun(flow: flow, subject: subject, version: version ?? old.flowVersion)
+            try await tx.append(runID: new.id, .fork, value: #"{"from":\#(old.id),"through":\#(seq)}"#)
+            for entry in taken {
+                try await tx.append(runID: new.id, entry.kind, step: entry.step, token: entry.token, value: entry.value)
+            }
+            try await tx.append(runID: old.id, .fork, value: #"{"to":\#(new.id),"through":\#(seq)}"#)
+            try await tx.notifyChange()
+            return (
+                try await tx.requireRun(old.id, operation: operation),
+                try await tx.requireRun(new.id, operation: operation)
+            )
+        }
+    }
+
+    @discardableResult
+    package func divergeRun(runID: Int64, step: String?, message: String, owner: String?) async throws -> HistoryEntry {
+        let operation = "mark run \(runID) diverged"
+        return try await transaction(operation) { tx in
+            _ = try await tx.requireUnfinished(runID, owner: owner, operation: operation)
+            let event = try await tx.append(runID: runID, .diverge, step: step, value: message)
+            try await tx.setStatus(runID, .diverged)
+            if owner == nil { try await tx.notifyChange() }
+            return event
+        }
+    }
+
+    // MARK: Recording what a run does
+
+    @discardableResult
+    package func record(
+        _ writes: [RunWrite], runID: Int64, owner: String?, durability: WriteDurability
+    ) async throws -> [HistoryEntry] {
+        for write in writes { try write.validate(path: location) }
+        let operation =
+            writes.count == 1 ? writes[0].operation(runID: runID) : "record \(writes.count) entries of run \(runID)"
+        return try await transaction(operation) { tx in
+            var entries: [HistoryEntry] = []
+            for write in writes { entries.append(try await tx.record(write, runID: runID, owner: owner)) }
+            if owner == nil { try await tx.notifyChange() }
+            return entries
+        }
+    }
+
+    @discardableResult
+    package func recordTimeout(runID: Int64, token: String, owner: String?) async throws -> HistoryEntry {
+        let operation = "time out run \(runID)"
+        return try await transaction(operation) { tx in
+            let run = try await tx.requireUnfinished(runID, owner: owner, operation: operation)
+            let entry = try await tx.endStep(run, token: token, kind: .timeout, value: nil, operation: operation)
+            try await tx.notifyChange()
+            return entry
+        }
+    }
+
+    package func unhopParked(
+        flow: String, subject: String, step: String, output: String?
+    ) async throws -> (run: RunRecord, unhop: HistoryEntry) {
+        try validate(flow, as: "flow name")
+        try validate(subject, as: "subject")
+        try validate(step, as: "step name")
+        let operation = "unhop \(step) of \(flow) for \(subject)"
+        if let output { try JSONText.validate(output, as: "step output", path: location) }
+        return try await transaction(operation) { tx in
+            guard let run = try await tx.unfinishedRun(flow: flow, subject: subject) else {
+                throw tx.noUnfinishedRun(flow: flow, subject: subject, operation: operation)
+            }
+            guard run.status == .parked, run.currentStep == step, let token = run.currentToken else {
+                let now: String
+                switch (run.status, run.currentStep) {
+                case (.parked, let parked?): now = "it is parked on '\(parked)'"
+                case (_, let inFlight?): now = "its step '\(inFlight)' is executing in the daemon and unhops itself"
+                case (_, nil): now = "it has no step in flight"
+                }
+                throw tx.refuse(
+                    .refused, operation, "run \(run.id) is not parked on '\(step)': \(now); nothing was changed",
+                    hint: "Check `hopctl status --flow \(flow) --subject \(subject)`")
+            }
+            if run.wakeOn == .sessionStored {
+                throw tx.refuse(
+                    .refused, operation,
+                    "step '\(step)' of run \(run.id) finishes when a session is stored, not by hand; nothing was changed",
+                    hint: "Log the user in: `hopctl session login USER --subject \(subject)`")
+            }
+            let event = try await tx.endStep(run, token: token, kind: .unhop, value: output, operation: operation)
+            try await tx.notifyChange()
+            return (try await tx.requireRun(run.id, operation: operation), event)
+        }
+    }
+
+    @discardableResult
+    package func recordError(
+        runID: Int64, step: String?, message: String, final: Bool, owner: String?
+    ) async throws -> HistoryEntry {
+        let operation = "record error of run \(runID)"
+        return try await transaction(operation) { tx in
+            _ = try await tx.requireUnfinished(runID, owner: owner, operation: operation)
+            let event = try await tx.append(runID: runID, final ? .fail : .error, step: step, value: message)
+            if final { try await tx.setStatus(runID, .failed) }
+            if owner == nil { try await tx.notifyChange() }
+            return event
+        }
+    }
+
+    // MARK: Reading runs
+
+    package func run(id: Int64) async throws -> RunRecord? {
+        try await readOne(
+            "SELECT \(RunRecord.pgColumns) FROM runs WHERE id = $1", [.int(id)], operation: "read run \(id)",
+            RunRecord.init(pg:))
+    }
+
+    package func latestRun(flow: String, subject: String) async throws -> RunRecord? {
+        try validate(flow, as: "flow name")
+        try validate(subject, as: "subject")
+        return try await readOne(
+            "SELECT \(RunRecord.pgColumns) FROM runs WHERE flow = $1 AND subject = $2 ORDER BY id DESC LIMIT 1",
+            [.text(flow), .text(subject)], operation: "read latest run of \(flow) for \(subject)", RunRecord.init(pg:))
+    }
+
+    package func history(runID: Int64, limit: Int?) async throws -> [HistoryEntry] {
+        let operation = "read history of run \(runID)"
+        if let limit {
+            return try await read(
+                "SELECT * FROM (SELECT \(HistoryEntry.pgColumns) FROM history WHERE run_id = $1 ORDER BY seq DESC LIMIT $2) AS last ORDER BY seq",
+                [.int(runID), .int(Int64(max(0, limit)))], operation: operation, HistoryEntry.init(pg:))
+        }
+        return try await read(
+            "SELECT \(HistoryEntry.pgColumns) FROM history WHERE run_id = $1 ORDER BY seq", [.int(runID)],
+            operation: operation, HistoryEntry.init(pg:))
+    }
+
+    package func histories(runIDs: [Int64]) async throws -> [Int64: [HistoryEntry]] {
+        guard !runIDs.isEmpty else { return [:] }
+        var histories: [Int64: [HistoryEntry]] = [:]
+        for entry in try await read(
+            "SELECT \(HistoryEntry.pgColumns) FROM history WHERE run_id = ANY($1) ORDER BY run_id, seq",
+            [.ints(runIDs)], operation: "read the histories of \(runIDs.count) runs", HistoryEntry.init(pg:))
+        {
+            histories[entry.runID, default: []].append(entry)
+        }
+        return histories
+    }
+
+    package func statuses(of runIDs: [Int64]) async throws -> [Int64: (status: RunStatus, owner: String?)] {
+        guard !runIDs.isEmpty else { return [:] }
+        let rows = try await read(
+            "SELECT id, status, owner FROM runs WHERE id = ANY($1)", [.ints(runIDs)], operation: "read run statuses"
+        ) { (try $0.int64(0), RunStatus(rawValue: try $0.text(1)) ?? .failed, try $0.optionalText(2)) }
+        var statuses: [Int64: (status: RunStatus, owner: String?)] = [:]
+        for row in rows { statuses[row.0] = (row.1, row.2) }
+        return statuses
+    }
+
+    // MARK: Ownership
+
+    package func claim(runID: Int64, owner: String, until: Date) async throws -> RunRecord? {
+        try await ensureLiveness(of: owner)
+        // Waits for a row another transaction is writing (an unhop): the run is then claimed as it stands after it.
+        return try await transaction("claim run \(runID)") { tx in
+            try await tx.claim("id = $1", .int(runID), owner: owner, until: until, skipLocked: false).first
+        }
+    }
+
+    package func claim(runIDs: [Int64], owner: String, until: Date) async throws -> [RunRecord] {
+        guard !runIDs.isEmpty else { return [] }
+        try await ensureLiveness(of: owner)
+        // Rows another engine is claiming are skipped, not waited for: N engines resuming at once
+        // each take different runs.
+        return try await transaction("claim \(runIDs.count) runs") { tx in
+            try await tx.claim("id = ANY($1)", .ints(runIDs), owner: owner, until: until, skipLocked: true)
+        }
+    }
+
+    @discardableResult
+    package func renewLeases(owner: String, runIDs: [Int64], until: Date) async throws -> Set<Int64> {
+        guard !runIDs.isEmpty else { return [] }
+        return try await transaction("renew leases") { tx in
+            Set(
+                try await tx.query(
+                    "UPDATE runs SET lease_expires_at = $3 WHERE id = ANY($1) AND owner = $2 AND status = 'running' RETURNING id",
+                    [.ints(runIDs), .text(owner), .int(Clock.milliseconds(until))]
+                ) { try $0.int64(0) })
+        }
+    }
+
+    package func release(runID: Int64, owner: String) async throws {
+        try await transaction("release run \(runID)") { tx in
+            let released = try await tx.run(
+                "UPDATE runs SET owner = NULL, lease_expires_at = NULL WHERE id = $1 AND owner = $2 RETURNING 1",
+                [.int(runID), .text(owner)])
+            if released > 0 { try await tx.notifyChange() }
+        }
+    }
+
+    /// Releases the runs of owners whose liveness lock no session of the server holds: their
+    /// connection, hence their process, is gone.
+    @discardableResult
+    package func releaseRunsOfDeadIncarnations(except own: Incarnation) async throws -> [(owner: String, runs: Int)] {
+        let owners = try await read(
+            "SELECT DISTINCT owner FROM runs WHERE owner IS NOT NULL AND status = 'running'",
+            operation: "list the engines holding runs"
+        ) { try $0.text(0) }
+        let provable = owners.filter { $0 != own.id && AdvisoryLock.key(ofOwner: $0) != nil }
+        guard !provable.isEmpty else { return [] }
+        let live = Set(
+            try await read(
+                """
+                SELECT classid::bigint, objid::bigint FROM pg_locks
+                WHERE locktype = 'advisory' AND objsubid = 1 AND granted
+                    AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+                """, operation: "list the live engines"
+            ) { Int64(bitPattern: UInt64(try $0.int64(0)) << 32 | UInt64(try $0.int64(1))) })
+        var released: [(owner: String, runs: Int)] = []
+        for owner in provable {
+            guard let key = AdvisoryLock.key(ofOwner: owner), !live.contains(key) else { continue }
+            let operation = "release the runs of dead engine \(owner)"
+            let count = try await transaction(operation) { tx in
+                let count = try await tx.run(
+                    "UPDATE runs SET owner = NULL, lease_expires_at = NULL WHERE owner = $1 AND status = 'running' RETURNING 1",
+                    [.text(owner)])
+                if count > 0 { try await tx.notifyChange() }
+                return count
+            }
+            released.append((owner, count))
+        }
+        return released
+    }
+
+    package func claimableRuns(versions: [String: [String]], now: Date, limit: Int) async throws -> [RunRecord] {
+        var runs: [RunRecord] = []
+        for (flow, flowVersions) in versions.sorted(by: { $0.key < $1.key }) {
+            runs += try await read(
+                """
+                SELECT \(RunRecord.pgColumns) FROM runs
+                WHERE status = 'running' AND flow = $1 AND (owner IS NULL OR lease_expires_at < $2)
+                    AND flow_version = ANY($3)
+                ORDER BY id LIMIT $4
+                """,
+                [.text(flow), .int(Clock.milliseconds(now)), .texts(flowVersions), .int(Int64(max(0, limit)))],
+                operation: "list runs to resume of \(flow)", RunRecord.init(pg:))
+        }
+        return Array(runs.sorted { $0.id < $1.id }.prefix(limit))
+    }
+
+    package func dueTimeouts(now: Date) async throws -> [RunRecord] {
+        try await read(
+            "SELECT \(RunRecord.pgColumns) FROM runs WHERE wake_at <= $1 AND status = 'parked' ORDER BY wake_at",
+            [.int(Clock.milliseconds(now))], operation: "list due timeouts", RunRecord.init(pg:))
+    }
+
+    // MARK: Subject state
+
+    package func isFirstUse(subject: String, feature: String) async throws -> Bool {
+        try validate(subject, as: "subject")
+        try validate(feature, as: "feature name")
+        return try await readOne(
+            "SELECT 1 FROM first_use WHERE subject = $1 AND feature = $2", [.text(subject), .text(feature)],
+            operation: "read first use of \(feature)"
+        ) { _ in true } == nil
+    }
+
+    package func markUsed(subject: String, feature: String) async throws {
+        try validate(subject, as: "subject")
+        try validate(feature, as: "feature name")
+        try await transaction("mark \(feature) used") { tx in
+            try await tx.run(
+                "INSERT INTO first_use (subject, feature, used_at) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
+                [.text(subject), .text(feature), .int(Clock.nowMilliseconds())])
+        }
+    }
+
+    package func session(subject: String) async throws -> StoredSession? {
+        try validate(subject, as: "subject")
+        return try await readOne(
+            "SELECT user_id, token, created_at, expires_at FROM sessions WHERE subject = $1 AND (expires_at IS NULL OR expires_at > $2)",
+            [.text(subject), .int(Clock.nowMilliseconds())], operation: "read session of \(subject)",
+            StoredSession.decoder(subject: subject))
+    }
+
+    @discardableResult
+    package func storeSession(subject: String, userID: String, token: String, expiresAt: Date?) async throws -> [Int64]
+    {
+        try validate(subject, as: "subject")
+        try validate(userID, as: "user id")
+        guard !token.isEmpty, token.utf8.count <= StoredSession.maximumTokenBytes else {
+            throw refuse(
+                .invalidInput, "store session",
+                "the session token must be 1 to \(StoredSession.maximumTokenBytes) bytes")
+        }
+        if let expiresAt, expiresAt <= Date() {
+            throw refuse(
+                .invalidInput, "store session", "the session's expiry has passed already; nothing was changed",
+                hint: "Give an expiry in the future, or none")
+        }
+        let operation = "store session of \(subject)"
+        return try await transaction(operation) { tx in
+            try await tx.run(
+                """
+                INSERT INTO sessions (subject, user_id, token, created_at, expires_at) VALUES ($1, $2, $3, $4, $5)
+                ON CONFLICT (subject) DO UPDATE SET user_id = EXCLUDED.user_id, token = EXCLUDED.token,
+                    created_at = EXCLUDED.created_at, expires_at = EXCLUDED.expires_at
+                """,
+                [
+                    .text(subject), .text(userID), .text(token), .int(Clock.nowMilliseconds()),
+                    .optional(expiresAt.map(Clock.milliseconds)),
+                ])
+            let unhopped = try await tx.unhopLoginSteps(subject: subject, userID: userID, operation: operation)
+            if !unhopped.isEmpty { try await tx.notifyChange() }
+            return unhopped
+        }
+    }
+
+    @discardableResult
+    package func deleteSession(subject: String) async throws -> (removed: Bool, rerouted: [Int64]) {
+        try validate(subject, as: "subject")
+        let operation = "delete session of \(subject)"
+        return try await transaction(operation) { tx in
+            let removed = try await tx.run("DELETE FROM sessions WHERE subject = $1 RETURNING 1", [.text(subject)]) > 0
+            let rerouted = try await tx.rerouteSessionSteps(
+                subject: subject, reason: "session-removed", operation: operation)
+            if !rerouted.isEmpty { try await tx.notifyChange() }
+            return (removed, rerouted)
+        }
+    }
+
+    @discardableResult
+    package func expireSessions(now: Date) async throws -> [Int64] {
+        let due = Clock.milliseconds(now)
+        // Read first: an engine asks every poll, and almost always nothing has expired.
+        guard
+            try await readOne(
+                "SELECT 1 FROM sessions WHERE expires_at <= $1 LIMIT 1", [.int(due)],
+                operation: "read expired sessions",
+                { _ in true }) != nil
+        else { return [] }
+        let operation = "expire sessions"
+        return try await transaction(operation) { tx in
+            var rerouted: [Int64] = []
+            let subjects = try await tx.query(
+                "DELETE FROM sessions WHERE expires_at <= $1 RETURNING subject", [.int(due)]
+            ) { try $0.text(0) }
+            for subject in subjects.sorted() {
+                rerouted += try await tx.rerouteSessionSteps(
+                    subject: subject, reason: "session-expired", operation: operation)
+            }
+            if !rerouted.isEmpty { try await tx.notifyChange() }
+            return rerouted
+        }
+    }
+
+    package func fact(subject: String, key: String) async throws -> String? {
+        try validate(subject, as: "subject")
+        try validate(key, as: "fact key")
+        return try await readOne(
+            "SELECT value FROM facts WHERE subject = $1 AND key = $2", [.text(subject), .text(key)],
+            operation: "read fact \(key)"
+        ) { try $0.text(0) }
+    }
+
+    package func setFact(subject: String, key: String, value: String) async throws {
+        try validate(subject, as: "subject")
+        try validate(key, as: "fact key")
+        try await transaction("set fact \(key)") { tx in
+            try await tx.run(
+                """
+                INSERT INTO facts (subject, key, value, updated_at) VALUES ($1, $2, $3, $4)
+                ON CONFLICT (subject, key) DO UPDATE SET value = EXCLUDED.value, updated_at = EXCLUDED.updated_at
+                """, [.text(subject), .text(key), .text(value), .int(Clock.nowMilliseconds())])
+        }
+    }
+}
+
+extension PostgresTransaction {
+    /// Applies one write of an engine's for run `runID`, fenced by `owner`.
+    func record(_ write: RunWrite, runID: Int64, owner: String?) async throws -> HistoryEntry {
+        let operation = write.operation(runID: runID)
+        switch write {
+        case .hop(let step, let from, let parks, let wakeOn, let deadline):
+            return try await hop(
+                runID: runID, step: step, from: from, parks: parks, wakeOn: wakeOn, deadline: deadline, owner: owner,
+                operation: operation)
+        case .unhop(let token, let output):
+            let run = try await requireUnfinished(runID, owner: owner, operation: operation)
+            return try await endStep(run, token: token, kind: .unhop, value: output, operation: operation)
+        case .decision(let name, let value):
+            _ = try await requireRunning(runID, owner: owner, operation: operation)
+            return try await append(runID: runID, .decision, step: name, value: value)
+        case .patch(let name):
+            _ = try await requireRunning(runID, owner: owner, operation: operation)
+            return try await append(runID: runID, .patch, step: name)
+        case .timer(let name, let deadline):
+            _ = try await requireRunning(runID, owner: owner, operation: operation)
+            return try await append(runID: runID, .timer, step: name, value: "\(Clock.milliseconds(deadline))")
+        case .markUsed(let feature):
+            let run = try await requireRunning(runID, owner: owner, operation: operation)
+            try await self.run(
+                "INSERT INTO first_use (subject, feature, used_at) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
+                [.text(run.subject), .text(feature), .int(Clock.nowMilliseconds())])
+            return try await append(runID: runID, .effect, step: markUsedEffectName(feature))
+        case .complete:
+            _ = try await requireRunning(runID, owner: owner, operation: operation)
+            let event = try await append(runID: runID, .complete)
+            try await setStatus(runID, .completed)
+            return event
+        }
+    }
+
+    /// Records that run `runID` entered `step` with a fresh token; a parking step parks the run
+    /// and gives up its lease, and ends at once when the change it waits for already came.
+    private func hop(
+        runID: Int64, step: String, from: String?, parks: Bool, wakeOn: WakeCondition?, deadline: Date?,
+        owner: String?, operation: String
+    ) async throws -> HistoryEntry {
+        let run = try await requireRunning(runID, owner: owner, operation: operation)
+        if let inFlight = run.currentStep, run.currentToken != nil {
+            throw refuse(.refused, operation, "step '\(inFlight)' is still in flight; it must unhop first")
+        }
+        if let from { try await append(runID: runID, .transition, step: step, value: from) }
+        let token = Token.random()
+        let deadlineValue = deadline.map { #"{"deadline":\#(Clock.milliseconds($0))}"# }
+        let event = try await append(
+            runID: runID, .hop, step: step, token: token, value: deadlineValue, touchesRun: false)
+        try await self.run(
+            """
+            UPDATE runs SET current_step = $2, current_token = $3, status = $4, wake_on = $5, wake_at = $6,
+                owner = CASE WHEN $7 THEN NULL ELSE owner END,
+                lease_expires_at = CASE WHEN $7 THEN NULL ELSE lease_expires_at END,
+                updated_at = $8
+            WHERE id = $1
+            """,
+            [
+                .int(runID), .text(step), .text(token),
+                .text(parks ? RunStatus.parked.rawValue : RunStatus.running.rawValue),
+                .optional(parks ? wakeOn?.rawValue : nil), .optional(parks ? deadline.map(Clock.milliseconds) : nil),
+                .bool(parks), .int(Clock.nowMilliseconds()),
+            ])
+        if parks, let wakeOn {
+            let stored = try await session(subject: run.subject)
+            switch (wakeOn, stored) {
+            case (.sessionStored, let stored?):
+                try await unhopLoginSteps(subject: run.subject, userID: stored.userID, operation: operation)
+            case (.sessionRemoved, nil):
+                try await rerouteSessionSteps(subject: run.subject, reason: "session-removed", operation: operation)
+            default:
+                break
+            }
+        }
+        return event
+    }
+
+    /// Claims the running runs `selection` (over `$1`) picks that nobody else holds: no owner,
+    /// the claimer itself, or an expired lease. Records a takeover where one changes hands.
+    func claim(
+        _ selection: String, _ selected: PostgresValue, owner: String, until: Date, skipLocked: Bool
+    ) async throws -> [RunRecord] {
+        let now = Clock.nowMilliseconds()
+        let qualified = RunRecord.pgColumns.split(separator: ",").map {
+            "runs." + $0.trimmingCharacters(in: .whitespaces)
+        }
+        .joined(separator: ", ")
+        let claimed = try await query(
+            """
+            WITH free AS (
+                SELECT id, last_owner FROM runs
+                WHERE \(selection) AND status = 'running' AND (owner IS NULL OR owner = $2 OR lease_expires_at < $3)
+                ORDER BY id FOR UPDATE\(skipLocked ? " SKIP LOCKED" : "")
+            )
+            UPDATE runs SET owner = $2, last_owner = $2, lease_expires_at = $4
+            FROM free WHERE runs.id = free.id
+            RETURNING \(qualified), free.last_owner
+            """,
+            [selected, .text(owner), .int(now), .int(Clock.milliseconds(until))]
+        ) { (try RunRecord(pg: $0), try $0.optionalText(13)) }
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+        for (run, previous) in claimed {
+            guard let previous, previous != owner else { continue }
+            let value = String(decoding: try encoder.encode(["from": previous, "to": owner]), as: UTF8.self)
+            try await append(
+                runID: run.id, .takeover, step: Incarnation.label(of: owner), value: value, touchesRun: false)
+        }
+        return claimed.map(\.0).sorted { $0.id < $1.id }
+    }
+}

@@ -1,0 +1,268 @@
+import Foundation
+import HopStore
+import Logging
+import PostgresNIO
+import Synchronization
+
+/// Hop's data on a PostgreSQL server: the same runs, histories and subject state as a SQLite
+/// ``HopStore``, shared by every engine of a fleet that reaches the server.
+///
+/// What it adds to a single file's guarantees:
+/// - **Liveness.** An engine's incarnation holds a session-level advisory lock on a connection
+///   of its own for as long as it lives; the server drops it with the connection, so another
+///   engine proves the owner gone (its process died, its machine or network went away) and takes
+///   its runs over at once, without waiting for their leases to expire.
+/// - **Change notification.** The writes another engine must react to (a new run, an unhop, a
+///   login, a logout, a cancel, a restart, a released run) send a `NOTIFY` on the channel
+///   `hop_changes` with their transaction; every store `LISTEN`s on it, and ``changeVersion()``
+///   moves when one arrives from another store. Nothing polls tables for changes.
+/// - **Claims without contention.** Engines claim runs with `FOR UPDATE SKIP LOCKED`: N engines
+///   resuming at once each take different runs, none waits on a row another is claiming.
+///
+/// Every write is one transaction, committed before the call returns (a `.coalesced` write too:
+/// the server groups the log flushes of concurrent commits itself).
+public final class PostgresStore: Sendable {
+    /// The database, as given (its password is never shown: see ``PostgresURL/redacted``).
+    public let url: PostgresURL
+    /// The schema version of the database (the newest migration applied).
+    public let schemaVersion: Int
+    let client: PostgresClient
+    let logger: Logger
+    /// This store's name on the notification channel: its own notifications are not changes.
+    let instance: String
+    private let running: Task<Void, Never>
+    let changes: ChangeListener
+    /// The liveness locks of the incarnations made here, by owner value.
+    let locks = Mutex<[String: WeakLock]>([:])
+
+    /// The channel of change notifications.
+    static let channel = "hop_changes"
+
+    private init(
+        url: PostgresURL, client: PostgresClient, running: Task<Void, Never>, changes: ChangeListener,
+        instance: String, schemaVersion: Int, logger: Logger
+    ) {
+        self.url = url
+        self.instance = instance
+        self.client = client
+        self.running = running
+        self.changes = changes
+        self.schemaVersion = schemaVersion
+        self.logger = logger
+    }
+
+    deinit {
+        changes.stop()
+        running.cancel()
+    }
+
+    /// Opens the database at `url` (`postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE`), creating
+    /// or upgrading Hop's schema in it unless `migrate` is false (then an outdated schema is refused).
+    /// - Throws: ``HopError`` `.invalidInput` for a bad URL, `.postgres` when the server cannot be
+    ///   reached or refuses, `.schemaTooNew`/`.migrationEdited`/`.schemaOutdated` as a file's open does.
+    public static func open(
+        url text: String, migrate: Bool = true,
+        logger: Logger = Logger(label: "hop.store", factory: { _ in SwiftLogNoOpLogHandler() })
+    ) async throws -> PostgresStore {
+        try await open(url: try PostgresURL(text), migrate: migrate, logger: logger)
+    }
+
+    /// Opens the database `url` describes (see ``open(url:migrate:logger:)-(String,_,_)``).
+    public static func open(
+        url: PostgresURL, migrate: Bool = true,
+        logger: Logger = Logger(label: "hop.store", factory: { _ in SwiftLogNoOpLogHandler() })
+    ) async throws -> PostgresStore {
+        var logger = logger
+        logger[metadataKey: "hop.db"] = "\(url.redacted)"
+        let client = PostgresClient(configuration: try url.clientConfiguration(), backgroundLogger: quiet)
+        let running = Task { await client.run() }
+        let changes = ChangeListener(url: url, logger: logger)
+        do {
+            // One connection first, so that a server that does not answer (or refuses the user)
+            // fails the open at once rather than after the pool's retries.
+            let instance = Token.random(byteCount: 8)
+            do {
+                try await changes.start(ignoring: instance)
+            } catch {
+                throw map(error, operation: "connect", location: url.redacted)
+            }
+            let version = try await PostgresMigrator(client: client, location: url.redacted, logger: quiet)
+                .run(migrate: migrate)
+            logger.debug("opened Hop database", metadata: ["hop.schema": "\(version)"])
+            return PostgresStore(
+                url: url, client: client, running: running, changes: changes, instance: instance,
+                schemaVersion: version, logger: logger)
+        } catch {
+            changes.stop()
+            running.cancel()
+            throw error
+        }
+    }
+
+    /// Closes the store's connections. Engines on it must have stopped.
+    public func close() async {
+        changes.stop()
+        running.cancel()
+        await running.value
+    }
+
+    /// This store as the database of an engine.
+    public var database: HopDatabase { HopDatabase(self) }
+
+    /// A logger that logs nothing, for postgres-nio's own background messages.
+    static let quiet = Logger(label: "hop.postgres", factory: { _ in SwiftLogNoOpLogHandler() })
+
+    // MARK: Statements
+
+    /// Runs `body` in one transaction (`BEGIN` … `COMMIT`, rolled back when it throws), again
+    /// from the start when the server broke a deadlock by aborting it.
+    @discardableResult
+    func transaction<Result: Sendable>(
+        _ operation: String, _ body: @Sendable (PostgresTransaction) async throws -> Result
+    ) async throws -> Result {
+        var attempt = 0
+        while true {
+            attempt += 1
+            do {
+                return try await client.withConnection { connection in
+                    try await connection.withTransaction(logger: Self.quiet) { connection in
+                        try await body(PostgresTransaction(connection: connection, store: self, operation: operation))
+                    }
+                }
+            } catch {
+                let cause = Self.cause(of: error)
+                if attempt < 5, let failure = cause as? PSQLError, Self.isRetryable(failure) { continue }
+                throw map(cause, operation: operation)
+            }
+        }
+    }
+
+    /// Runs one read statement outside a transaction.
+    func read<T: Sendable>(
+        _ sql: String, _ values: [PostgresValue] = [], operation: String, _ decode: (Row) throws -> T
+    ) async throws -> [T] {
+        do {
+            let rows = try await client.query(PostgresValue.query(sql, values), logger: Self.quiet).collect()
+            return try rows.map { try decode(Row($0)) }
+        } catch {
+            throw map(error, operation: operation)
+        }
+    }
+
+    /// The first row of a read statement, if any.
+    func readOne<T: Sendable>(
+        _ sql: String, _ values: [PostgresValue] = [], operation: String, _ decode: (Row) throws -> T
+    ) async throws -> T? {
+        try await read(sql, values, operation: operation, decode).first
+    }
+
+    /// What made a transaction fail: the body's error, else the failed `BEGIN`, `COMMIT` or rollback's.
+    static func cause(of error: any Error) -> any Error {
+        guard let failure = error as? PostgresTransactionError else { return error }
+        return failure.closureError ?? failure.commitError ?? failure.beginError ?? failure.rollbackError ?? error
+    }
+
+    /// Whether the server aborted the transaction to break a deadlock or a serialization conflict.
+    static func isRetryable(_ error: PSQLError) -> Bool {
+        guard let state = error.serverInfo?[.sqlState] else { return false }
+        // A deadlock broken, a serialization conflict, or two transactions inserting the same
+        // subject's unfinished run at once: run again, the second sees the first's run.
+        return state == "40P01" || state == "40001" || state == "23505"
+    }
+
+    /// `error` as a ``HopError`` naming `operation` and the database (never its password).
+    func map(_ error: any Error, operation: String) -> HopError {
+        Self.map(error, operation: operation, location: url.redacted)
+    }
+
+    static func map(_ error: any Error, operation: String, location: String) -> HopError {
+        let error = cause(of: error)
+        if let error = error as? HopError { return error }
+        if let error = error as? PSQLError {
+            if let info = error.serverInfo {
+                let message = info[.message] ?? "error"
+                let state = info[.sqlState].map { " (SQLSTATE \($0))" } ?? ""
+                return HopError(
+                    .postgres, operation: operation, path: location, reason: "the server refused: \(message)\(state)",
+                    hint: info[.hint])
+            }
+            return HopError(
+                .postgres, operation: operation, path: location,
+                reason: "cannot talk to the server (\(error.code))",
+                hint: "Check that PostgreSQL runs and that the URL's host, port, user and password are right")
+        }
+        if error is CancellationError {
+            return HopError(.postgres, operation: operation, path: location, reason: "cancelled")
+        }
+        return HopError(.postgres, operation: operation, path: location, reason: "\(error)")
+    }
+
+    func validate(_ value: String, as what: String) throws {
+        try Identifier.validate(value, as: what, path: url.redacted)
+    }
+
+    func refuse(_ code: HopError.Code, _ operation: String, _ reason: String, hint: String? = nil) -> HopError {
+        HopError(code, operation: operation, path: url.redacted, reason: reason, hint: hint)
+    }
+}
+
+/// A weak reference to an incarnation's liveness lock: the lock lives as long as its incarnation.
+struct WeakLock: Sendable {
+    weak var lock: AdvisoryLock?
+}
+
+/// A value bound to a statement's parameter (`$1`, `$2`, …): never spliced into its text.
+enum PostgresValue: Sendable {
+    case int(Int64)
+    case text(String)
+    case bool(Bool)
+    case ints([Int64])
+    case texts([String])
+    case null
+
+    static func optional(_ text: String?) -> PostgresValue { text.map(PostgresValue.text) ?? .null }
+    static func optional(_ number: Int64?) -> PostgresValue { number.map(PostgresValue.int) ?? .null }
+
+    /// `sql` with `values` bound to its parameters.
+    static func query(_ sql: String, _ values: [PostgresValue]) -> PostgresQuery {
+        var bindings = PostgresBindings(capacity: values.count)
+        for value in values {
+            switch value {
+            case .int(let number): bindings.append(number)
+            case .text(let text): bindings.append(text)
+            case .bool(let flag): bindings.append(flag)
+            case .ints(let numbers): bindings.append(numbers)
+            case .texts(let texts): bindings.append(texts)
+            case .null: bindings.appendNull()
+            }
+        }
+        return PostgresQuery(unsafeSQL: sql, binds: bindings)
+    }
+}
+
+/// One row of a result, read by column position.
+struct Row {
+    let cells: PostgresRandomAccessRow
+
+    init(_ row: PostgresRow) { cells = row.makeRandomAccess() }
+
+    func int64(_ index: Int) throws -> Int64 { try cells[index].decode(Int64.self) }
+    func optionalInt64(_ index: Int) throws -> Int64? { try cells[index].decode(Int64?.self) }
+    func text(_ index: Int) throws -> String { try cells[index].decode(String.self) }
+    func optionalText(_ index: Int) throws -> String? { try cells[index].decode(String?.self) }
+    func bool(_ index: Int) throws -> Bool { try cells[index].decode(Bool.self) }
+}
+
+extension HopDatabase {
+    /// Opens the database `location` names: a `postgres://` URL opens a ``PostgresStore`` (a
+    /// server shared by a fleet), anything else is the path of a SQLite file (a ``HopStore``).
+    /// Hop's schema is created or upgraded in either.
+    public static func open(
+        _ location: String, logger: Logger = Logger(label: "hop.store", factory: { _ in SwiftLogNoOpLogHandler() })
+    ) async throws -> HopDatabase {
+        if PostgresURL.isPostgresURL(location) {
+            return try await PostgresStore.open(url: location, logger: logger).database
+        }
+        return try await HopStore.open(path: location, logger: logger).database
+    }
+}

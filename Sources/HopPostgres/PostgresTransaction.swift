@@ -1,0 +1,295 @@
+import Foundation
+import HopStore
+import PostgresNIO
+
+/// One transaction of a ``PostgresStore``, handed to the code that must run inside one: the
+/// helpers that read and change runs are its methods, so none of them runs outside a transaction.
+///
+/// A write locks the row of each run it changes (`FOR UPDATE`) before it reads the run's state,
+/// so two writers of one run (an unhop and a timeout of the same hop) are serialized and the
+/// second sees what the first did.
+struct PostgresTransaction: Sendable {
+    let connection: PostgresConnection
+    let store: PostgresStore
+    let operation: String
+
+    var location: String { store.url.redacted }
+
+    func query<T>(_ sql: String, _ values: [PostgresValue], _ decode: (Row) throws -> T) async throws -> [T] {
+        let rows = try await connection.query(PostgresValue.query(sql, values), logger: PostgresStore.quiet).collect()
+        return try rows.map { try decode(Row($0)) }
+    }
+
+    func queryOne<T>(_ sql: String, _ values: [PostgresValue], _ decode: (Row) throws -> T) async throws -> T? {
+        try await query(sql, values, decode).first
+    }
+
+    /// Runs a statement; returns how many rows it returned (write `RETURNING 1` to count rows changed).
+    @discardableResult
+    func run(_ sql: String, _ values: [PostgresValue] = []) async throws -> Int {
+        try await connection.query(PostgresValue.query(sql, values), logger: PostgresStore.quiet).collect().count
+    }
+
+    /// Sends the change notification with the transaction: other stores' ``PostgresStore/changeVersion()`` moves at its commit.
+    func notifyChange() async throws {
+        try await run("SELECT pg_notify($1, $2)", [.text(PostgresStore.channel), .text(store.instance)])
+    }
+
+    func refuse(_ code: HopError.Code, _ operation: String, _ reason: String, hint: String? = nil) -> HopError {
+        HopError(code, operation: operation, path: location, reason: reason, hint: hint)
+    }
+
+    // MARK: Runs
+
+    func run(id runID: Int64, locking: Bool = false) async throws -> RunRecord? {
+        try await queryOne(
+            "SELECT \(RunRecord.pgColumns) FROM runs WHERE id = $1\(locking ? " FOR UPDATE" : "")", [.int(runID)],
+            RunRecord.init(pg:))
+    }
+
+    func requireRun(_ runID: Int64, operation: String) async throws -> RunRecord {
+        guard let run = try await run(id: runID) else {
+            throw refuse(.notFound, operation, "run \(runID) does not exist", hint: "List runs with `hopctl status`")
+        }
+        return run
+    }
+
+    /// The unfinished run of `flow` for `subject`, its row locked.
+    func unfinishedRun(flow: String, subject: String) async throws -> RunRecord? {
+        try await queryOne(
+            "SELECT \(RunRecord.pgColumns) FROM runs WHERE flow = $1 AND subject = $2 AND status IN \(RunStatus.pgUnfinished) FOR UPDATE",
+            [.text(flow), .text(subject)], RunRecord.init(pg:))
+    }
+
+    /// The newest run of `flow` for `subject`, its row locked; `.notFound` without one.
+    func requireLatestRun(flow: String, subject: String, operation: String) async throws -> RunRecord {
+        guard
+            let latest = try await queryOne(
+                "SELECT \(RunRecord.pgColumns) FROM runs WHERE flow = $1 AND subject = $2 ORDER BY id DESC LIMIT 1 FOR UPDATE",
+                [.text(flow), .text(subject)], RunRecord.init(pg:))
+        else {
+            throw refuse(
+                .notFound, operation, "there is no run of flow '\(flow)' for subject '\(subject)'",
+                hint: "Check the names with `hopctl status`")
+        }
+        return latest
+    }
+
+    /// Locks run `runID` and checks that it is unfinished and, with `owner`, held by that engine.
+    func requireUnfinished(_ runID: Int64, owner: String?, operation: String) async throws -> RunRecord {
+        guard let run = try await run(id: runID, locking: true) else {
+            throw refuse(.notFound, operation, "run \(runID) does not exist", hint: "List runs with `hopctl status`")
+        }
+        guard run.status.isUnfinished else {
+            throw refuse(
+                .refused, operation,
+                "run \(runID) of \(run.flow) for \(run.subject) is \(run.status.rawValue) and no longer advances",
+                hint: "Start it over with `hopctl restart --flow \(run.flow) --subject \(run.subject)`")
+        }
+        // Fenced: an engine writes to a run only while it holds it.
+        guard owner == nil || run.owner == owner else {
+            let holder = run.owner.map { "another engine (\(Incarnation.label(of: $0)))" } ?? "no engine"
+            throw refuse(
+                .refused, operation, "run \(runID) is held by \(holder); this engine no longer executes it",
+                hint: "Nothing to do: the engine that holds the run carries it on")
+        }
+        return run
+    }
+
+    func requireRunning(_ runID: Int64, owner: String?, operation: String) async throws -> RunRecord {
+        let run = try await requireUnfinished(runID, owner: owner, operation: operation)
+        guard run.status == .running else {
+            throw refuse(.refused, operation, "run \(runID) is \(run.status.rawValue)")
+        }
+        return run
+    }
+
+    func noUnfinishedRun(flow: String, subject: String, operation: String) -> HopError {
+        refuse(
+            .notFound, operation, "there is no unfinished run of flow '\(flow)' for subject '\(subject)'",
+            hint: "Check the names with `hopctl status`")
+    }
+
+    /// Inserts a new running run; the unique index refuses a second unfinished run of the subject.
+    func insertRun(
+        flow: String, subject: String, version: String, owner: String? = nil, until: Date? = nil
+    ) async throws -> RunRecord {
+        let now = Clock.nowMilliseconds()
+        guard
+            let run = try await queryOne(
+                """
+                INSERT INTO runs (flow, subject, flow_version, status, created_at, updated_at, owner, last_owner, lease_expires_at)
+                VALUES ($1, $2, $3, 'running', $4, $4, $5, $5, $6)
+                RETURNING \(RunRecord.pgColumns)
+                """,
+                [
+                    .text(flow), .text(subject), .text(version), .int(now), .optional(owner),
+                    .optional(until.map(Clock.milliseconds)),
+                ], RunRecord.init(pg:))
+        else {
+            throw refuse(.postgres, operation, "the run was not inserted")
+        }
+        return run
+    }
+
+    /// Ends the run with `status`: no token, no wake-up, no owner.
+    func setStatus(_ runID: Int64, _ status: RunStatus) async throws {
+        try await run(
+            """
+            UPDATE runs SET status = $2, current_token = NULL, wake_on = NULL, wake_at = NULL, owner = NULL,
+                lease_expires_at = NULL, updated_at = $3
+            WHERE id = $1
+            """, [.int(runID), .text(status.rawValue), .int(Clock.nowMilliseconds())])
+    }
+
+    // MARK: History
+
+    /// Appends one entry to run `runID`'s history (whose row the caller has locked) and, unless
+    /// the caller updates the run's row itself, its `updated_at`.
+    @discardableResult
+    func append(
+        runID: Int64, _ kind: HistoryKind, step: String? = nil, token: String? = nil, value: String? = nil,
+        touchesRun: Bool = true
+    ) async throws -> HistoryEntry {
+        let now = Clock.nowMilliseconds()
+        guard
+            let seq = try await queryOne(
+                """
+                INSERT INTO history (run_id, seq, kind, step, token, value, at)
+                SELECT $1, coalesce(max(seq), 0) + 1, $2, $3, $4, $5, $6 FROM history WHERE run_id = $1
+                RETURNING seq
+                """,
+                [.int(runID), .text(kind.rawValue), .optional(step), .optional(token), .optional(value), .int(now)],
+                { try $0.int64(0) })
+        else {
+            throw refuse(.postgres, operation, "the history entry of run \(runID) was not inserted")
+        }
+        if touchesRun {
+            try await run("UPDATE runs SET updated_at = $2 WHERE id = $1", [.int(runID), .int(now)])
+        }
+        return HistoryEntry.recorded(
+            runID: runID, seq: seq, kind: kind, step: step, token: token, value: value, at: Clock.date(now))
+    }
+
+    /// Ends the step in flight of `run` (locked) with an unhop, a timeout or a re-route, if `token` is its token.
+    @discardableResult
+    func endStep(
+        _ run: RunRecord, token: String, kind: HistoryKind, value: String?, operation: String
+    ) async throws
+        -> HistoryEntry
+    {
+        guard let step = run.currentStep, let current = run.currentToken, current == token else {
+            let earlier = try await queryOne(
+                "SELECT step, kind FROM history WHERE run_id = $1 AND kind IN \(HistoryKind.pgStepEnds) AND token = $2",
+                [.int(run.id), .text(token)]
+            ) { (try $0.text(0), try $0.text(1)) }
+            if let earlier {
+                let how = earlier.1 == "unhop" ? "has already unhopped" : "has already ended (\(earlier.1))"
+                throw refuse(.refused, operation, "step '\(earlier.0)' of run \(run.id) \(how); a hop ends once")
+            }
+            if run.currentToken == nil {
+                throw refuse(.refused, operation, "run \(run.id) has no step in flight")
+            }
+            throw refuse(
+                .refused, operation,
+                "the token is stale or unknown: it is not the token of step '\(run.currentStep ?? "?")' in flight",
+                hint: "Read the current token again (`hopctl status`) and retry")
+        }
+        let event = try await append(runID: run.id, kind, step: step, token: token, value: value, touchesRun: false)
+        try await self.run(
+            """
+            UPDATE runs SET current_step = NULL, current_token = NULL, wake_on = NULL, wake_at = NULL, status = 'running',
+                updated_at = $2
+            WHERE id = $1
+            """, [.int(run.id), .int(Clock.nowMilliseconds())])
+        return event
+    }
+
+    // MARK: Sessions
+
+    /// The stored, unexpired session of `subject`.
+    func session(subject: String) async throws -> StoredSession? {
+        try await queryOne(
+            "SELECT user_id, token, created_at, expires_at FROM sessions WHERE subject = $1 AND (expires_at IS NULL OR expires_at > $2)",
+            [.text(subject), .int(Clock.nowMilliseconds())], StoredSession.decoder(subject: subject))
+    }
+
+    /// Unhops the parked steps of `subject` that wait for a session, with `{"userID": …}`.
+    @discardableResult
+    func unhopLoginSteps(subject: String, userID: String, operation: String) async throws -> [Int64] {
+        try await endParkedSteps(
+            subject: subject, wakeOn: .sessionStored, kind: .unhop, value: ["userID": userID], operation: operation)
+    }
+
+    /// Ends with a re-route the parked steps of `subject` that last only while a session is stored.
+    @discardableResult
+    func rerouteSessionSteps(subject: String, reason: String, operation: String) async throws -> [Int64] {
+        try await endParkedSteps(
+            subject: subject, wakeOn: .sessionRemoved, kind: .reroute, value: ["reason": reason], operation: operation)
+    }
+
+    private func endParkedSteps(
+        subject: String, wakeOn: WakeCondition, kind: HistoryKind, value: [String: String], operation: String
+    ) async throws -> [Int64] {
+        let waiting = try await query(
+            "SELECT \(RunRecord.pgColumns) FROM runs WHERE subject = $1 AND status = 'parked' AND wake_on = $2 ORDER BY id FOR UPDATE",
+            [.text(subject), .text(wakeOn.rawValue)], RunRecord.init(pg:))
+        let json = String(decoding: try JSONEncoder().encode(value), as: UTF8.self)
+        for run in waiting {
+            guard let token = run.currentToken else { continue }
+            try await endStep(run, token: token, kind: kind, value: json, operation: operation)
+        }
+        return waiting.map(\.id)
+    }
+}
+
+extension RunRecord {
+    /// The columns ``init(pg:)`` reads, in order.
+    static let pgColumns =
+        "id, flow, subject, flow_version, status, current_step, current_token, wake_on, owner, lease_expires_at, created_at, updated_at, wake_at"
+
+    init(pg row: Row) throws {
+        self.init(
+            id: try row.int64(0), flow: try row.text(1), subject: try row.text(2), flowVersion: try row.text(3),
+            status: RunStatus(rawValue: try row.text(4)) ?? .failed, currentStep: try row.optionalText(5),
+            createdAt: Clock.date(try row.int64(10)), updatedAt: Clock.date(try row.int64(11)))
+        currentToken = try row.optionalText(6)
+        wakeOn = try row.optionalText(7).flatMap(WakeCondition.init(rawValue:))
+        owner = try row.optionalText(8)
+        leaseExpiresAt = try row.optionalInt64(9).map(Clock.date)
+        wakeAt = try row.optionalInt64(12).map(Clock.date)
+    }
+}
+
+extension HistoryEntry {
+    /// The columns ``init(pg:)`` reads, in order.
+    static let pgColumns = "run_id, seq, kind, step, token, value, at"
+
+    init(pg row: Row) throws {
+        self = .recorded(
+            runID: try row.int64(0), seq: try row.int64(1), kind: HistoryKind(rawValue: try row.text(2)) ?? .error,
+            step: try row.optionalText(3), token: try row.optionalText(4), value: try row.optionalText(5),
+            at: Clock.date(try row.int64(6)))
+    }
+}
+
+extension StoredSession {
+    /// Reads `user_id, token, created_at, expires_at` as the session of `subject`.
+    static func decoder(subject: String) -> (Row) throws -> StoredSession {
+        { row in
+            StoredSession.stored(
+                subject: subject, userID: try row.text(0), token: try row.text(1),
+                createdAt: Clock.date(try row.int64(2)), expiresAt: try row.optionalInt64(3).map(Clock.date))
+        }
+    }
+}
+
+extension RunStatus {
+    /// The unfinished statuses as an SQL list of constants of the code (never values from outside).
+    static let pgUnfinished = "('running', 'parked')"
+}
+
+extension HistoryKind {
+    /// The kinds that end a step, as an SQL list of constants of the code.
+    static let pgStepEnds = "('unhop', 'timeout', 'reroute')"
+}

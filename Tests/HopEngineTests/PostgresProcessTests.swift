@@ -1,0 +1,87 @@
+import Foundation
+import HopPostgres
+import HopStore
+import HopTestSupport
+import Testing
+
+/// Engines in separate processes sharing one PostgreSQL database (the server this test process
+/// started), killed and steered from outside.
+@Suite struct PostgresProcessTests {
+    /// Whether the PostgreSQL backend runs here (`TestBackend.all` said why when it does not).
+    static var available: Bool { TestBackend.all.contains { $0.name == "postgres" } }
+
+    @Test(.enabled(if: available))
+    func aKilledOwnersRunIsTakenOverAtOnceByItsAdvisoryLockAndUnhopsFromAnotherProcessMoveItOn() async throws {
+        let folder = try TemporaryDirectory()
+        let url = try await TestBackend.postgres.location(folder)
+        // Leases of a minute: a takeover within seconds is the liveness lock's doing, not an expiry's.
+        let owner = try ChildProcess(
+            "hop-test-daemon",
+            ["--db", url, "--files", folder.database, "--external", "--engine-id", "A", "--lease", "60"],
+            environment: ["HOP_TEST_SLOW_SPLASH": "1"], directory: folder)
+        defer { owner.kill() }
+        try await owner.waitForOutput("point after:hop:splash")
+
+        let other = try ChildProcess(
+            "hop-test-daemon",
+            ["--db", url, "--files", folder.database, "--external", "--engine-id", "B", "--lease", "60"],
+            directory: folder)
+        defer { other.kill() }
+        try await other.waitForOutput("ready")
+        let store = try await PostgresStore.open(url: url)
+        #expect(try await store.run(id: 1)?.ownerLabel == "A")
+        #expect(!other.stdout.contains("executing run 1"), "B executed a run A holds")
+
+        owner.kill()
+        try await owner.waitForExit()
+        let killed = Date()
+        try await other.waitForOutput("executing run 1 replaying 1", timeout: .seconds(20))
+        #expect(Date().timeIntervalSince(killed) < 30, "taken over only when the lease expired")
+        try await other.waitForOutput("parked onboarding")
+        let bodies = try String(contentsOfFile: folder.database + ".bodies", encoding: .utf8).split(separator: "\n")
+        #expect(bodies.filter { $0 == "1 splash" }.count == 2, "the in-flight splash ran again in B: \(bodies)")
+        let history = try await store.history(runID: 1)
+        #expect(history.filter { $0.kind == .hop && $0.step == "splash" }.count == 1)
+        #expect(history.contains { $0.kind == .takeover && $0.step == "B" })
+
+        // Steered from this process: B hears of each change by NOTIFY and moves on.
+        _ = try await store.unhopParked(flow: "startup", subject: "default", step: "onboarding", output: nil)
+        try await other.waitForOutput("parked login")
+        try await store.storeSession(subject: "default", userID: "alice", token: "secret", expiresAt: nil)
+        try await other.waitForOutput("settled completed")
+        #expect(try await other.waitForExit() == 0)
+        #expect(try await store.run(id: 1)?.status == .completed)
+        await store.close()
+    }
+
+    @Test func aURLsPasswordIsNeverShownAndABadURLIsAClearError() async throws {
+        let url = try PostgresURL("postgres://hop:s3cret-pw@db.example:6543/fleet?sslmode=require")
+        #expect(url.redacted == "postgres://hop:***@db.example:6543/fleet?sslmode=require")
+        #expect(!"\(url)".contains("s3cret-pw"))
+        #expect(url.tlsMode == .require && url.host == "db.example" && url.port == 6543 && url.database == "fleet")
+
+        for bad in [
+            "postgres://hop:s3cret-pw@db.example/fleet?sslmode=sometimes", "postgres://hop:s3cret-pw@db.example",
+            "postgres://hop:s3cret-pw@db.example/fleet?colour=blue",
+        ] {
+            do {
+                _ = try PostgresURL(bad)
+                Issue.record("\(bad) was accepted")
+            } catch let error as HopError {
+                #expect(error.code == .invalidInput)
+                #expect(!"\(error)".contains("s3cret-pw"), "\(error)")
+                #expect("\(error)".contains("postgres://hop:***@db.example"), "\(error)")
+            }
+        }
+
+        // A server that does not answer: a clear error naming the URL, without its password.
+        do {
+            _ = try await PostgresStore.open(url: "postgres://hop:s3cret-pw@127.0.0.1:1/fleet?sslmode=disable")
+            Issue.record("opened a database on a closed port")
+        } catch let error as HopError {
+            #expect(error.code == .postgres)
+            #expect(!"\(error)".contains("s3cret-pw"), "\(error)")
+            #expect("\(error)".contains("127.0.0.1:1"), "\(error)")
+        }
+    }
+}
