@@ -105,26 +105,8 @@ struct PostgresMigrator {
             let row = Row(row)
             return Applied(version: Int(try row.int64Column(0)), name: try row.text(1), checksum: try row.text(2))
         }
-        let latest = migrations.last?.version ?? 0
-        if let newest = applied.last, newest.version > latest {
-            throw HopError(
-                .schemaTooNew, operation: "open", path: location,
-                reason:
-                    "the database has schema version \(newest.version) (\(newest.name)), written by a newer Hop; this binary knows versions up to \(latest)",
-                hint: "Use a Hop release that knows schema version \(newest.version); nothing was changed")
-        }
-        let known = Dictionary(uniqueKeysWithValues: migrations.map { ($0.version, $0) })
-        for record in applied {
-            guard let migration = known[record.version], migration.checksum == record.checksum else {
-                throw HopError(
-                    .migrationEdited, operation: "open", path: location,
-                    reason:
-                        "migration \(record.version) (\(record.name)) was applied with checksum \(record.checksum), but this binary's copy differs",
-                    hint:
-                        "Applied migrations must never be edited: restore the original file and add a new numbered migration instead"
-                )
-            }
-        }
+        try StorageRules(location: location).checkApplied(
+            applied.map { ($0.version, $0.name, $0.checksum) }, against: migrations)
         return applied
     }
 

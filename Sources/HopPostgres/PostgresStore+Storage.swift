@@ -78,32 +78,19 @@ extension PostgresStore: HopStorage {
         if let version { try validate(version, as: "flow version") }
         let operation = "start \(flow) for \(subject)"
         return try await transaction(operation) { tx in
+            let rules = StorageRules(location: tx.location)
             if let existing = try await tx.unfinishedRun(flow: flow, subject: subject) {
-                let place = existing.currentStep.map { " at step '\($0)'" } ?? ""
-                throw tx.refuse(
-                    .refused, operation,
-                    "run \(existing.id) of flow '\(flow)' for subject '\(subject)' is unfinished (\(existing.status.rawValue)\(place)); a subject has at most one unfinished run of a flow",
-                    hint: "Let it finish, or end it first with `hopctl cancel` (or start over with `hopctl restart`)")
+                throw rules.alreadyUnfinished(existing, operation: operation)
             }
             let newest = try await tx.queryOne(
                 "SELECT flow_version FROM runs WHERE flow = $1 ORDER BY id DESC LIMIT 1", [.text(flow)]
             ) { try $0.text(0) }
-            if newest == nil && !allowingNewFlow {
-                let known = try await tx.query("SELECT DISTINCT flow FROM runs ORDER BY flow", []) { try $0.text(0) }
-                let listed =
-                    known.isEmpty
-                    ? "no flow has run here yet" : "the flows that ran here: \(known.joined(separator: ", "))"
-                throw tx.refuse(
-                    .refused, operation, "no run of flow '\(flow)' has ever run here (\(listed))",
-                    hint:
-                        "Check the flow's name; to start the first run of a flow a daemon has registered, pass --force and its --version"
-                )
-            }
-            guard let chosen = version ?? newest else {
-                throw tx.refuse(
-                    .refused, operation, "no run of flow '\(flow)' has run here to take the flow version from",
-                    hint: "Pass the flow version the daemon registered (--version)")
-            }
+            let known =
+                StorageRules.needsKnownFlows(newest: newest, allowingNewFlow: allowingNewFlow)
+                ? try await tx.query("SELECT DISTINCT flow FROM runs ORDER BY flow", []) { try $0.text(0) } : []
+            let chosen = try rules.versionForNewRun(
+                flow: flow, version: version, newest: newest, allowingNewFlow: allowingNewFlow, known: known,
+                operation: operation)
             let run = try await tx.insertRun(flow: flow, subject: subject, version: chosen)
             try await tx.notifyChange()
             return run
@@ -203,29 +190,14 @@ extension PostgresStore: HopStorage {
             } else {
                 old = try await tx.requireLatestRun(flow: flow, subject: subject, operation: operation)
             }
+            let rules = StorageRules(location: tx.location)
             if let other = try await tx.unfinishedRun(flow: flow, subject: subject), other.id != old.id {
-                throw tx.refuse(
-                    .refused, operation, "run \(other.id) of the subject is unfinished; nothing was changed",
-                    hint: "Fork its latest run, or cancel run \(other.id) first")
+                throw rules.otherRunUnfinished(other, operation: operation)
             }
             let history = try await tx.query(
                 "SELECT \(HistoryEntry.pgColumns) FROM history WHERE run_id = $1 ORDER BY seq", [.int(old.id)],
                 HistoryEntry.init(pg:))
-            guard let last = history.last?.seq, seq >= 1, seq <= last else {
-                throw tx.refuse(
-                    .refused, operation,
-                    "run \(old.id) has no entry \(seq) (its entries are 1 to \(history.last?.seq ?? 0)); nothing was changed",
-                    hint: "Choose an entry from `hopctl history --flow \(flow) --subject \(subject) --run \(old.id)`")
-            }
-            let taken = history.filter { $0.seq <= seq && $0.kind.isReplayed }
-            if let hop = taken.last(where: { $0.kind == .hop }),
-                !taken.contains(where: { $0.kind.endsStep && $0.token == hop.token })
-            {
-                throw tx.refuse(
-                    .refused, operation,
-                    "at entry \(seq), step '\(hop.step ?? "?")' of run \(old.id) is in flight (its hop is entry \(hop.seq), its end is not taken); nothing was changed",
-                    hint: "Fork through entry \(hop.seq - 1) to enter '\(hop.step ?? "?")' again, or through its end")
-            }
+            let taken = try rules.forkedEntries(of: old, history, through: seq, operation: operation)
             if old.status.isUnfinished { try await tx.setStatus(old.id, .cancelled) }
             let new = try await tx.insertRun(flow: flow, subject: subject, version: version ?? old.flowVersion)
             try await tx.append(runID: new.id, .fork, value: #"{"from":\#(old.id),"through":\#(seq)}"#)
@@ -293,23 +265,7 @@ extension PostgresStore: HopStorage {
             guard let run = try await tx.unfinishedRun(flow: flow, subject: subject) else {
                 throw tx.noUnfinishedRun(flow: flow, subject: subject, operation: operation)
             }
-            guard run.status == .parked, run.currentStep == step, let token = run.currentToken else {
-                let now: String
-                switch (run.status, run.currentStep) {
-                case (.parked, let parked?): now = "it is parked on '\(parked)'"
-                case (_, let inFlight?): now = "its step '\(inFlight)' is executing in the daemon and unhops itself"
-                case (_, nil): now = "it has no step in flight"
-                }
-                throw tx.refuse(
-                    .refused, operation, "run \(run.id) is not parked on '\(step)': \(now); nothing was changed",
-                    hint: "Check `hopctl status --flow \(flow) --subject \(subject)`")
-            }
-            if run.wakeOn == .sessionStored {
-                throw tx.refuse(
-                    .refused, operation,
-                    "step '\(step)' of run \(run.id) finishes when a session is stored, not by hand; nothing was changed",
-                    hint: "Log the user in: `hopctl session login USER --subject \(subject)`")
-            }
+            let token = try StorageRules(location: tx.location).tokenToUnhop(run, step: step, operation: operation)
             let event = try await tx.endStep(run, token: token, kind: .unhop, value: output, operation: operation)
             try await tx.notifyChange()
             return (try await tx.requireRun(run.id, operation: operation), event)
@@ -511,16 +467,7 @@ extension PostgresStore: HopStorage {
     {
         try validate(subject, as: "subject")
         try validate(userID, as: "user id")
-        guard !token.isEmpty, token.utf8.count <= StoredSession.maximumTokenBytes else {
-            throw refuse(
-                .invalidInput, "store session",
-                "the session token must be 1 to \(StoredSession.maximumTokenBytes) bytes")
-        }
-        if let expiresAt, expiresAt <= Date() {
-            throw refuse(
-                .invalidInput, "store session", "the session's expiry has passed already; nothing was changed",
-                hint: "Give an expiry in the future, or none")
-        }
+        try StorageRules(location: location).checkSession(token: token, expiresAt: expiresAt)
         let operation = "store session of \(subject)"
         return try await transaction(operation) { tx in
             try await tx.run(

@@ -183,17 +183,9 @@ struct PostgresTransaction: Sendable {
                 "SELECT step, kind FROM history WHERE run_id = $1 AND kind IN \(HistoryKind.pgStepEnds) AND token = $2",
                 [.int(run.id), .text(token)]
             ) { (try $0.text(0), try $0.text(1)) }
-            if let earlier {
-                let how = earlier.1 == "unhop" ? "has already unhopped" : "has already ended (\(earlier.1))"
-                throw refuse(.refused, operation, "step '\(earlier.0)' of run \(run.id) \(how); a hop ends once")
-            }
-            if run.currentToken == nil {
-                throw refuse(.refused, operation, "run \(run.id) has no step in flight")
-            }
-            throw refuse(
-                .refused, operation,
-                "the token is stale or unknown: it is not the token of step '\(run.currentStep ?? "?")' in flight",
-                hint: "Read the current token again (`hopctl status`) and retry")
+            throw StorageRules(location: location).staleToken(
+                runID: run.id, currentStep: run.currentStep, currentToken: run.currentToken,
+                earlier: earlier.map { (step: $0.0, kind: $0.1) }, operation: operation)
         }
         let event = try await append(runID: run.id, kind, step: step, token: token, value: value, touchesRun: false)
         try await self.run(

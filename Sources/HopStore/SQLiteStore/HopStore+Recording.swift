@@ -56,23 +56,7 @@ extension HopStore {
             guard let run = try tx.unfinishedRun(flow: flow, subject: subject, operation: operation) else {
                 throw tx.noUnfinishedRun(flow: flow, subject: subject, operation: operation)
             }
-            guard run.status == .parked, run.currentStep == step, let token = run.currentToken else {
-                let now: String
-                switch (run.status, run.currentStep) {
-                case (.parked, let parked?): now = "it is parked on '\(parked)'"
-                case (_, let inFlight?): now = "its step '\(inFlight)' is executing in the daemon and unhops itself"
-                case (_, nil): now = "it has no step in flight"
-                }
-                throw tx.refuse(
-                    .refused, operation, "run \(run.id) is not parked on '\(step)': \(now); nothing was changed",
-                    hint: "Check `hopctl status --flow \(flow) --subject \(subject)`")
-            }
-            if run.wakeOn == .sessionStored {
-                throw tx.refuse(
-                    .refused, operation,
-                    "step '\(step)' of run \(run.id) finishes when a session is stored, not by hand; nothing was changed",
-                    hint: "Log the user in: `hopctl session login USER --subject \(subject)`")
-            }
+            let token = try StorageRules(location: tx.path).tokenToUnhop(run, step: step, operation: operation)
             let event = try tx.endStep(RunHead(run), token: token, kind: .unhop, value: output, operation: operation)
             return (try tx.requireRun(run.id, operation: operation), event)
         }

@@ -55,33 +55,20 @@ extension HopStore {
         if let version { try validate(version, as: "flow version") }
         let operation = "start \(flow) for \(subject)"
         let run = try await transaction(operation) { tx in
+            let rules = StorageRules(location: tx.path)
             if let existing = try tx.unfinishedRun(flow: flow, subject: subject, operation: operation) {
-                let place = existing.currentStep.map { " at step '\($0)'" } ?? ""
-                throw tx.refuse(
-                    .refused, operation,
-                    "run \(existing.id) of flow '\(flow)' for subject '\(subject)' is unfinished (\(existing.status.rawValue)\(place)); a subject has at most one unfinished run of a flow",
-                    hint: "Let it finish, or end it first with `hopctl cancel` (or start over with `hopctl restart`)")
+                throw rules.alreadyUnfinished(existing, operation: operation)
             }
             let newest = try tx.queryOne(
                 "SELECT flow_version FROM runs WHERE flow = ?1 ORDER BY id DESC LIMIT 1", [.text(flow)],
                 operation: operation
             ) { $0.text(0) }
-            if newest == nil && !allowingNewFlow {
-                let known = try tx.query(Self.flowNamesSQL, [], operation: operation) { $0.text(0) }
-                let listed =
-                    known.isEmpty
-                    ? "no flow has run here yet" : "the flows that ran here: \(known.joined(separator: ", "))"
-                throw tx.refuse(
-                    .refused, operation, "no run of flow '\(flow)' has ever run here (\(listed))",
-                    hint:
-                        "Check the flow's name; to start the first run of a flow a daemon has registered, pass --force and its --version"
-                )
-            }
-            guard let chosen = version ?? newest else {
-                throw tx.refuse(
-                    .refused, operation, "no run of flow '\(flow)' has run here to take the flow version from",
-                    hint: "Pass the flow version the daemon registered (--version)")
-            }
+            let known =
+                StorageRules.needsKnownFlows(newest: newest, allowingNewFlow: allowingNewFlow)
+                ? try tx.query(Self.flowNamesSQL, [], operation: operation) { $0.text(0) } : []
+            let chosen = try rules.versionForNewRun(
+                flow: flow, version: version, newest: newest, allowingNewFlow: allowingNewFlow, known: known,
+                operation: operation)
             return try tx.insertRun(flow: flow, subject: subject, version: chosen, operation: operation)
         }
         // A run whose records were lost may leave its id to the new one.
@@ -172,30 +159,15 @@ extension HopStore {
             } else {
                 old = try tx.requireLatestRun(flow: flow, subject: subject, operation: operation)
             }
+            let rules = StorageRules(location: tx.path)
             if let other = try tx.unfinishedRun(flow: flow, subject: subject, operation: operation), other.id != old.id
             {
-                throw tx.refuse(
-                    .refused, operation, "run \(other.id) of the subject is unfinished; nothing was changed",
-                    hint: "Fork its latest run, or cancel run \(other.id) first")
+                throw rules.otherRunUnfinished(other, operation: operation)
             }
             let history = try tx.query(
                 "SELECT \(HistoryEntry.columns) FROM history WHERE run_id = ?1 ORDER BY seq", [.integer(old.id)],
                 operation: operation, HistoryEntry.init(row:))
-            guard let last = history.last?.seq, seq >= 1, seq <= last else {
-                throw tx.refuse(
-                    .refused, operation,
-                    "run \(old.id) has no entry \(seq) (its entries are 1 to \(history.last?.seq ?? 0)); nothing was changed",
-                    hint: "Choose an entry from `hopctl history --flow \(flow) --subject \(subject) --run \(old.id)`")
-            }
-            let taken = history.filter { $0.seq <= seq && $0.kind.isReplayed }
-            if let hop = taken.last(where: { $0.kind == .hop }),
-                !taken.contains(where: { $0.kind.endsStep && $0.token == hop.token })
-            {
-                throw tx.refuse(
-                    .refused, operation,
-                    "at entry \(seq), step '\(hop.step ?? "?")' of run \(old.id) is in flight (its hop is entry \(hop.seq), its end is not taken); nothing was changed",
-                    hint: "Fork through entry \(hop.seq - 1) to enter '\(hop.step ?? "?")' again, or through its end")
-            }
+            let taken = try rules.forkedEntries(of: old, history, through: seq, operation: operation)
             if old.status.isUnfinished { try tx.setStatus(old.id, .cancelled, operation: operation) }
             let new = try tx.insertRun(
                 flow: flow, subject: subject, version: version ?? old.flowVersion, operation: operation)

@@ -75,16 +75,7 @@ extension HopStore {
     ) async throws -> [Int64] {
         try validate(subject, as: "subject")
         try validate(userID, as: "user id")
-        guard !token.isEmpty, token.utf8.count <= StoredSession.maximumTokenBytes else {
-            throw refuse(
-                .invalidInput, "store session",
-                "the session token must be 1 to \(StoredSession.maximumTokenBytes) bytes")
-        }
-        if let expiresAt, expiresAt <= Date() {
-            throw refuse(
-                .invalidInput, "store session", "the session's expiry has passed already; nothing was changed",
-                hint: "Give an expiry in the future, or none")
-        }
+        try StorageRules(location: path).checkSession(token: token, expiresAt: expiresAt)
         let operation = "store session of \(subject)"
         return try await transaction(operation) { tx in
             try tx.run(

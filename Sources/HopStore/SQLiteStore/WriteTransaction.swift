@@ -43,17 +43,9 @@ extension WriteTransaction {
                 "SELECT step, kind FROM history WHERE run_id = ?1 AND kind IN \(HistoryKind.stepEndsSQL) AND token = ?2",
                 [.integer(run.id), .text(token)], operation: operation
             ) { ($0.text(0), $0.text(1)) }
-            if let earlier {
-                let how = earlier.1 == "unhop" ? "has already unhopped" : "has already ended (\(earlier.1))"
-                throw refuse(.refused, operation, "step '\(earlier.0)' of run \(run.id) \(how); a hop ends once")
-            }
-            if run.currentToken == nil {
-                throw refuse(.refused, operation, "run \(run.id) has no step in flight")
-            }
-            throw refuse(
-                .refused, operation,
-                "the token is stale or unknown: it is not the token of step '\(run.currentStep ?? "?")' in flight",
-                hint: "Read the current token again (`hopctl status`) and retry")
+            throw StorageRules(location: path).staleToken(
+                runID: run.id, currentStep: run.currentStep, currentToken: run.currentToken,
+                earlier: earlier.map { (step: $0.0, kind: $0.1) }, operation: operation)
         }
         let event = try append(
             runID: run.id, kind, step: step, token: token, value: value, touchesRun: false, operation: operation)

@@ -1,0 +1,175 @@
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
+import Foundation
+#endif
+
+/// The rules every backend applies the same way, with the same words: what a write refuses and
+/// why. A backend reads the state in its own dialect and asks these; so a refusal reads the same
+/// on a file as on a server.
+package struct StorageRules: Sendable {
+    /// Where the data lives, for the errors (a file path, or a URL without its password).
+    package let location: String
+
+    package init(location: String) { self.location = location }
+
+    private func refuse(_ code: HopError.Code, _ operation: String, _ reason: String, hint: String? = nil) -> HopError {
+        HopError(code, operation: operation, path: location, reason: reason, hint: hint)
+    }
+
+    /// Checks a session before it is stored: a token of 1 to 4096 bytes, an expiry still to come.
+    package func checkSession(token: String, expiresAt: Date?) throws {
+        guard !token.isEmpty, token.utf8.count <= StoredSession.maximumTokenBytes else {
+            throw refuse(
+                .invalidInput, "store session",
+                "the session token must be 1 to \(StoredSession.maximumTokenBytes) bytes")
+        }
+        if let expiresAt, expiresAt <= Date() {
+            throw refuse(
+                .invalidInput, "store session", "the session's expiry has passed already; nothing was changed",
+                hint: "Give an expiry in the future, or none")
+        }
+    }
+
+    /// The token of the step of `run` that `hopctl unhop` may finish by hand, or why it may not:
+    /// the run must be parked on `step`, and `step` must not be one a stored session finishes.
+    package func tokenToUnhop(_ run: RunRecord, step: String, operation: String) throws -> String {
+        let (flow, subject) = (run.flow, run.subject)
+        guard run.status == .parked, run.currentStep == step, let token = run.currentToken else {
+            let now: String
+            switch (run.status, run.currentStep) {
+            case (.parked, let parked?): now = "it is parked on '\(parked)'"
+            case (_, let inFlight?): now = "its step '\(inFlight)' is executing in the daemon and unhops itself"
+            case (_, nil): now = "it has no step in flight"
+            }
+            throw refuse(
+                .refused, operation, "run \(run.id) is not parked on '\(step)': \(now); nothing was changed",
+                hint: "Check `hopctl status --flow \(flow) --subject \(subject)`")
+        }
+        if run.wakeOn == .sessionStored {
+            throw refuse(
+                .refused, operation,
+                "step '\(step)' of run \(run.id) finishes when a session is stored, not by hand; nothing was changed",
+                hint: "Log the user in: `hopctl session login USER --subject \(subject)`")
+        }
+        return token
+    }
+
+    /// Why an end of the step in flight of run `runID` with a token that is not its token is
+    /// refused: `earlier` is how that token's step ended, if it did.
+    package func staleToken(
+        runID: Int64, currentStep: String?, currentToken: String?, earlier: (step: String, kind: String)?,
+        operation: String
+    ) -> HopError {
+        if let earlier {
+            let how = earlier.kind == "unhop" ? "has already unhopped" : "has already ended (\(earlier.kind))"
+            return refuse(.refused, operation, "step '\(earlier.step)' of run \(runID) \(how); a hop ends once")
+        }
+        if currentToken == nil {
+            return refuse(.refused, operation, "run \(runID) has no step in flight")
+        }
+        return refuse(
+            .refused, operation,
+            "the token is stale or unknown: it is not the token of step '\(currentStep ?? "?")' in flight",
+            hint: "Read the current token again (`hopctl status`) and retry")
+    }
+
+    /// The entries of run `run`'s `history` that a fork through entry `seq` takes as done, or why
+    /// it is refused: `seq` is no entry of the run, or a step would be in flight at it.
+    package func forkedEntries(
+        of run: RunRecord, _ history: [HistoryEntry], through seq: Int64, operation: String
+    ) throws -> [HistoryEntry] {
+        guard let last = history.last?.seq, seq >= 1, seq <= last else {
+            throw refuse(
+                .refused, operation,
+                "run \(run.id) has no entry \(seq) (its entries are 1 to \(history.last?.seq ?? 0)); nothing was changed",
+                hint:
+                    "Choose an entry from `hopctl history --flow \(run.flow) --subject \(run.subject) --run \(run.id)`")
+        }
+        let taken = history.filter { $0.seq <= seq && $0.kind.isReplayed }
+        if let hop = taken.last(where: { $0.kind == .hop }),
+            !taken.contains(where: { $0.kind.endsStep && $0.token == hop.token })
+        {
+            throw refuse(
+                .refused, operation,
+                "at entry \(seq), step '\(hop.step ?? "?")' of run \(run.id) is in flight (its hop is entry \(hop.seq), its end is not taken); nothing was changed",
+                hint: "Fork through entry \(hop.seq - 1) to enter '\(hop.step ?? "?")' again, or through its end")
+        }
+        return taken
+    }
+
+    /// Why `hopctl start` is refused while `existing`, the subject's unfinished run of the flow, runs.
+    package func alreadyUnfinished(_ existing: RunRecord, operation: String) -> HopError {
+        let place = existing.currentStep.map { " at step '\($0)'" } ?? ""
+        return refuse(
+            .refused, operation,
+            "run \(existing.id) of flow '\(existing.flow)' for subject '\(existing.subject)' is unfinished (\(existing.status.rawValue)\(place)); a subject has at most one unfinished run of a flow",
+            hint: "Let it finish, or end it first with `hopctl cancel` (or start over with `hopctl restart`)")
+    }
+
+    /// The flow version a new run of `flow` started from outside an engine takes: `version`, else
+    /// `newest` (the version of the flow's newest run here); or why there is none to take, when no
+    /// run of the flow has run here (`known` are the flows that have: read only then, see
+    /// ``needsKnownFlows(newest:allowingNewFlow:)``) and it is not `allowingNewFlow`.
+    package func versionForNewRun(
+        flow: String, version: String?, newest: String?, allowingNewFlow: Bool, known: [String], operation: String
+    ) throws -> String {
+        if Self.needsKnownFlows(newest: newest, allowingNewFlow: allowingNewFlow) {
+            let listed =
+                known.isEmpty ? "no flow has run here yet" : "the flows that ran here: \(known.joined(separator: ", "))"
+            throw refuse(
+                .refused, operation, "no run of flow '\(flow)' has ever run here (\(listed))",
+                hint:
+                    "Check the flow's name; to start the first run of a flow a daemon has registered, pass --force and its --version"
+            )
+        }
+        guard let chosen = version ?? newest else {
+            throw refuse(
+                .refused, operation, "no run of flow '\(flow)' has run here to take the flow version from",
+                hint: "Pass the flow version the daemon registered (--version)")
+        }
+        return chosen
+    }
+
+    /// Whether ``versionForNewRun(flow:version:newest:allowingNewFlow:known:operation:)`` refuses,
+    /// naming the flows that ran here.
+    package static func needsKnownFlows(newest: String?, allowingNewFlow: Bool) -> Bool {
+        newest == nil && !allowingNewFlow
+    }
+
+    /// Why a fork of run `old` is refused while `other`, another run of the subject, is unfinished.
+    package func otherRunUnfinished(_ other: RunRecord, operation: String) -> HopError {
+        refuse(
+            .refused, operation, "run \(other.id) of the subject is unfinished; nothing was changed",
+            hint: "Fork its latest run, or cancel run \(other.id) first")
+    }
+
+    /// Checks the migrations recorded as applied (version, name, checksum) against this binary's:
+    /// refuses a schema newer than it knows, and an applied migration whose text changed.
+    package func checkApplied(
+        _ applied: [(version: Int, name: String, checksum: String)], against migrations: [Migration]
+    )
+        throws
+    {
+        let latest = migrations.last?.version ?? 0
+        if let newest = applied.last, newest.version > latest {
+            throw HopError(
+                .schemaTooNew, operation: "open", path: location,
+                reason:
+                    "the database has schema version \(newest.version) (\(newest.name)), written by a newer Hop; this binary knows versions up to \(latest)",
+                hint: "Use a Hop release that knows schema version \(newest.version); nothing was changed")
+        }
+        let known = Dictionary(uniqueKeysWithValues: migrations.map { ($0.version, $0) })
+        for record in applied {
+            guard let migration = known[record.version], migration.checksum == record.checksum else {
+                throw HopError(
+                    .migrationEdited, operation: "open", path: location,
+                    reason:
+                        "migration \(record.version) (\(record.name)) was applied with checksum \(record.checksum), but this binary's copy differs",
+                    hint:
+                        "Applied migrations must never be edited: restore the original file and add a new numbered migration instead"
+                )
+            }
+        }
+    }
+}
