@@ -16,14 +16,9 @@ import Synchronization
 final class AdvisoryLock: Sendable {
     /// The lock's key.
     let key: Int64
-    private let state = Mutex<State>(.acquiring([]))
-    private let task = Mutex<Task<Void, Never>?>(nil)
-
-    private enum State {
-        case acquiring([CheckedContinuation<Void, any Error>])
-        case held
-        case failed(HopError)
-    }
+    private let state = LockState()
+    /// Holds the lock; it captures the state, never this object, so the lock goes with its incarnation.
+    private let task: Task<Void, Never>
 
     /// The lock key of an owner value ending in `#` and 16 hex digits; `nil` for any other.
     static func key(ofOwner owner: String) -> Int64? {
@@ -35,60 +30,35 @@ final class AdvisoryLock: Sendable {
 
     init(key: Int64, url: PostgresURL, logger: Logger) {
         self.key = key
-        task.withLock {
-            $0 = Task { [weak self] in await self?.hold(url: url, logger: logger) }
-        }
+        let state = self.state
+        task = Task { await Self.hold(key: key, url: url, logger: logger, state: state) }
     }
 
     deinit {
-        task.withLock { $0?.cancel() }
+        task.cancel()  // closes the connection: the server lets go of the lock
     }
 
     /// Waits until the lock is held; throws when it could not be taken.
-    func held() async throws {
-        try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
-            state.withLock { state in
-                switch state {
-                case .acquiring(var waiting):
-                    waiting.append(continuation)
-                    state = .acquiring(waiting)
-                case .held: continuation.resume()
-                case .failed(let error): continuation.resume(throwing: error)
-                }
-            }
-        }
-    }
-
-    private func settle(_ outcome: Result<Void, HopError>) {
-        let waiting = state.withLock { state -> [CheckedContinuation<Void, any Error>] in
-            guard case .acquiring(let waiting) = state else { return [] }
-            switch outcome {
-            case .success: state = .held
-            case .failure(let error): state = .failed(error)
-            }
-            return waiting
-        }
-        for continuation in waiting { continuation.resume(with: outcome.mapError { $0 as any Error }) }
-    }
+    func held() async throws { try await state.held() }
 
     /// Connects, takes the lock and keeps the connection until cancelled (the incarnation ended).
-    private func hold(url: PostgresURL, logger: Logger) async {
+    private static func hold(key: Int64, url: PostgresURL, logger: Logger, state: LockState) async {
         let operation = "take the liveness lock"
         let connection: PostgresConnection
         do {
             connection = try await PostgresConnection.connect(
                 configuration: try url.connectionConfiguration(), id: 1, logger: PostgresStore.quiet)
         } catch {
-            settle(.failure(PostgresStore.map(error, operation: operation, location: url.redacted)))
+            state.settle(.failure(PostgresStore.map(error, operation: operation, location: url.redacted)))
             return
         }
         do {
             _ = try await connection.query(
                 PostgresValue.query("SELECT pg_advisory_lock($1)", [.int(key)]), logger: PostgresStore.quiet
             ).collect()
-            settle(.success(()))
+            state.settle(.success(()))
         } catch {
-            settle(.failure(PostgresStore.map(error, operation: operation, location: url.redacted)))
+            state.settle(.failure(PostgresStore.map(error, operation: operation, location: url.redacted)))
             try? await connection.close()
             return
         }
@@ -103,6 +73,43 @@ final class AdvisoryLock: Sendable {
                 "lost the connection holding this engine's liveness lock; other engines may take its runs over, and it writes nothing more to those",
                 metadata: ["hop.lock": "\(key)"])
         }
+    }
+}
+
+/// Whether an ``AdvisoryLock`` is held yet, and who waits for it.
+private final class LockState: Sendable {
+    private enum State {
+        case acquiring([CheckedContinuation<Void, any Error>])
+        case held
+        case failed(HopError)
+    }
+
+    private let state = Mutex<State>(.acquiring([]))
+
+    func held() async throws {
+        try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
+            state.withLock { state in
+                switch state {
+                case .acquiring(var waiting):
+                    waiting.append(continuation)
+                    state = .acquiring(waiting)
+                case .held: continuation.resume()
+                case .failed(let error): continuation.resume(throwing: error)
+                }
+            }
+        }
+    }
+
+    func settle(_ outcome: Result<Void, HopError>) {
+        let waiting = state.withLock { state -> [CheckedContinuation<Void, any Error>] in
+            guard case .acquiring(let waiting) = state else { return [] }
+            switch outcome {
+            case .success: state = .held
+            case .failure(let error): state = .failed(error)
+            }
+            return waiting
+        }
+        for continuation in waiting { continuation.resume(with: outcome.mapError { $0 as any Error }) }
     }
 }
 

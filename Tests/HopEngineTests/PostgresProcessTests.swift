@@ -54,6 +54,31 @@ import Testing
         await store.close()
     }
 
+    @Test(.enabled(if: available))
+    func anIncarnationsRunsAreReleasedAsSoonAsItIsGoneAndNotWhileItLives() async throws {
+        let folder = try TemporaryDirectory()
+        let first = try await TestBackend.postgres.open(folder)
+        var owner: Incarnation? = first.makeIncarnation(label: "A")
+        let ownerID = try #require(owner?.id)
+        #expect(owner?.canProveLiveness == true)
+        let started = try await first.startRun(
+            flow: "startup", subject: "kiosk", version: "1", owner: ownerID, until: Date().addingTimeInterval(600),
+            durability: .now)
+        let second = try await TestBackend.postgres.open(folder)
+        let other = second.makeIncarnation(label: "B")
+        #expect(try await second.releaseRunsOfDeadIncarnations(except: other).isEmpty, "A lives: nothing released")
+        #expect(try await second.claim(runID: started.run.id, owner: other.id, until: Date()) == nil)
+
+        owner = nil  // the engine is gone: its lock's connection closes
+        try await waitUntil("B finds A dead and releases its run") {
+            try await second.releaseRunsOfDeadIncarnations(except: other).contains {
+                $0.owner == ownerID && $0.runs == 1
+            }
+        }
+        #expect(
+            try await second.claim(runID: started.run.id, owner: other.id, until: Date().addingTimeInterval(60)) != nil)
+    }
+
     @Test func aURLsPasswordIsNeverShownAndABadURLIsAClearError() async throws {
         let url = try PostgresURL("postgres://hop:s3cret-pw@db.example:6543/fleet?sslmode=require")
         #expect(url.redacted == "postgres://hop:***@db.example:6543/fleet?sslmode=require")
