@@ -23,12 +23,6 @@ struct PostgresMigrator {
     /// The key of the advisory lock migrators take turns on ("hopmigr" in ASCII).
     static let lockKey: Int64 = 0x686f_706d_6967_72
 
-    struct Applied {
-        var version: Int
-        var name: String
-        var checksum: String
-    }
-
     /// Applies the missing migrations (with `migrate`) or checks that none is missing; returns the schema version.
     func run(migrate: Bool) async throws -> Int {
         let latest = migrations.last?.version ?? 0
@@ -51,8 +45,7 @@ struct PostgresMigrator {
                         try await Self.execute(
                             "SELECT pg_advisory_xact_lock($1)", [.int(Self.lockKey)], on: connection, logger: logger)
                         try await Self.execute(Self.createTable, [], on: connection, logger: logger)
-                        let applied = try await check(on: connection)
-                        guard (applied.map(\.version).max() ?? 0) < migration.version else { return }
+                        guard try await check(on: connection) < migration.version else { return }
                         for statement in Self.statements(of: migration.sql) {
                             try await Self.execute(statement, [], on: connection, logger: logger)
                         }
@@ -90,24 +83,24 @@ struct PostgresMigrator {
                         "SELECT to_regclass('hop_migrations') IS NOT NULL", logger: logger
                     ).collect().first.map { try Row($0).bool(0) } ?? false
                 guard exists else { return 0 }
-                return try await check(on: connection).map(\.version).max() ?? 0
+                return try await check(on: connection)
             }
         } catch {
             throw PostgresStore.map(error, operation: "check schema", location: location)
         }
     }
 
-    /// The applied migrations, refusing a schema newer than this binary and an edited migration.
-    private func check(on connection: PostgresConnection) async throws -> [Applied] {
+    /// The newest applied migration's version (0 for none), after refusing a schema newer than
+    /// this binary and an edited migration.
+    private func check(on connection: PostgresConnection) async throws -> Int {
         let applied = try await connection.query(
             "SELECT version, name, checksum FROM hop_migrations ORDER BY version", logger: logger
         ).collect().map { row in
             let row = Row(row)
-            return Applied(version: Int(try row.int64Column(0)), name: try row.text(1), checksum: try row.text(2))
+            return (version: Int(try row.int64Column(0)), name: try row.text(1), checksum: try row.text(2))
         }
-        try StorageRules(location: location).checkApplied(
-            applied.map { ($0.version, $0.name, $0.checksum) }, against: migrations)
-        return applied
+        try StorageRules(location: location).checkApplied(applied, against: migrations)
+        return applied.map(\.version).max() ?? 0
     }
 
     private static func execute(

@@ -630,10 +630,6 @@ extension PostgresTransaction {
         _ selection: String, _ selected: PostgresValue, owner: String, until: Date, skipLocked: Bool
     ) async throws -> [RunRecord] {
         let now = Clock.nowMilliseconds()
-        let qualified = RunRecord.pgColumns.split(separator: ",").map {
-            "runs." + $0.trimmingCharacters(in: .whitespaces)
-        }
-        .joined(separator: ", ")
         let claimed = try await query(
             """
             WITH free AS (
@@ -643,7 +639,7 @@ extension PostgresTransaction {
             )
             UPDATE runs SET owner = $2, last_owner = $2, lease_expires_at = $4
             FROM free WHERE runs.id = free.id
-            RETURNING \(qualified), free.last_owner
+            RETURNING \(RunRecord.pgQualifiedColumns), free.last_owner
             """,
             [selected, .text(owner), .int(now), .int(Clock.milliseconds(until))]
         ) { (try RunRecord(pg: $0), try $0.optionalText(13)) }

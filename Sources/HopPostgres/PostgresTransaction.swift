@@ -240,6 +240,10 @@ extension RunRecord {
     static let pgColumns =
         "id, flow, subject, flow_version, status, current_step, current_token, wake_on, owner, lease_expires_at, created_at, updated_at, wake_at"
 
+    /// ``pgColumns`` qualified by the table, for a statement that joins `runs` to another.
+    static let pgQualifiedColumns = pgColumns.split(separator: ",")
+        .map { "runs." + $0.trimmingCharacters(in: .whitespaces) }.joined(separator: ", ")
+
     init(pg row: Row) throws {
         self.init(
             id: try row.int64(0), flow: try row.text(1), subject: try row.text(2), flowVersion: try row.text(3),
