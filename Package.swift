@@ -78,14 +78,14 @@ let package = Package(
         .executableTarget(
             name: "hopctl",
             dependencies: [
-                "HopStore",
+                "HopStore", "HopPostgres",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),
         .executableTarget(
             name: "hop-demo",
             dependencies: [
-                "HopEngine",
+                "HopEngine", "HopPostgres",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),

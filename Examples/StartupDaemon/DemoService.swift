@@ -21,7 +21,7 @@ struct DemoService: Service {
 
     let engine: HopEngine
     /// The database the engine executes on, for what the demo reads.
-    let store: HopStore
+    let store: HopDatabase
     let events: AsyncStream<Event>
     let ticks: AsyncStream<Event>.Continuation
     let narrator: Narrator
@@ -127,7 +127,7 @@ struct DemoService: Service {
         narrator.say("run \(run.id) is \(run.status.rawValue)")
         let flags = try await store.firstUseFlags(subject: subject).map(\.feature)
         let session = try await store.session(subject: subject)
-        let runs = try await store.allRuns(flow: "startup", subject: subject)
+        let runs = try await store.allRuns(flow: "startup").filter { $0.subject == subject }
         narrator.note(
             "stored state for \(subject): used \(flags.isEmpty ? "nothing yet" : flags.joined(separator: ", ")); "
                 + "session \(session.map { "of \($0.userID) (token \(StoredSession.redact($0.token)))" } ?? "none"); "

@@ -1,6 +1,7 @@
 import ArgumentParser
 import Foundation
 import HopEngine
+import HopPostgres
 import Logging
 import ServiceLifecycle
 import Synchronization
@@ -18,7 +19,10 @@ struct HopDemo: AsyncParsableCommand {
     @Flag(help: "Finish onboarding and login automatically after a short pause.")
     var auto = false
 
-    @Option(help: ArgumentHelp("The Hop database (default: $HOP_DB, else the state folder).", valueName: "path"))
+    @Option(
+        help: ArgumentHelp(
+            "The Hop database: a file, or a postgres:// URL (default: $HOP_DB, else the state folder).",
+            valueName: "path-or-url"))
     var db: String?
 
     @Option(help: ArgumentHelp("Whom the flow runs for.", valueName: "subject"))
@@ -59,8 +63,10 @@ struct HopDemo: AsyncParsableCommand {
         }
         let logger = Logger(label: "hop-demo")
         let path = db ?? DatabaseLocation.defaultPath()
-        let narrator = Narrator(database: path, defaultDatabase: db == nil)
-        narrator.say("hop-demo: database \(path)")
+        // A server's URL is shown without its password (hopctl takes it from PGPASSWORD or ~/.pgpass).
+        let shown = PostgresURL.isPostgresURL(path) ? PostgresURL.redact(path) : path
+        let narrator = Narrator(database: shown, defaultDatabase: db == nil)
+        narrator.say("hop-demo: database \(shown)")
 
         // Bootstrapped before the engine exists: the engine's metrics go to the process's MetricsSystem.
         let metrics = metricsPort.map { port in
@@ -70,9 +76,9 @@ struct HopDemo: AsyncParsableCommand {
         }
         let (events, continuation) = AsyncStream.makeStream(of: DemoService.Event.self)
         let systemd = SystemdNotifier()
-        let store = try await HopStore.open(path: path, logger: logger)
+        let store = try await HopDatabase.open(path, logger: logger)
         let engine = HopEngine(
-            store: store, logger: logger,
+            database: store, logger: logger,
             configuration: .init(
                 observer: { event in
                     continuation.yield(.engine(event))

@@ -10,7 +10,7 @@ import PostgresNIO
 /// The password comes from the URL, else `PGPASSWORD`, else the password file (`passfile=`,
 /// `PGPASSFILE` or `~/.pgpass`, in libpq's format). ``redacted`` is the URL with its password
 /// replaced by `***`: the only form that logs, errors and `hopctl` ever show.
-public struct PostgresURL: Sendable, Equatable, CustomStringConvertible {
+public struct PostgresURL: Sendable, Equatable, CustomStringConvertible, CustomReflectable {
     /// How the connection is protected, as libpq's `sslmode` names it.
     public enum TLSMode: String, Sendable {
         /// No TLS.
@@ -125,6 +125,9 @@ public struct PostgresURL: Sendable, Equatable, CustomStringConvertible {
     }
 
     public var description: String { redacted }
+
+    /// What `dump` and a debugger show: the redacted URL, never the password.
+    public var customMirror: Mirror { Mirror(self, children: ["url": redacted], displayStyle: .struct) }
 
     /// `text` with the password between `://user:` and `@`, and a `password=` parameter, replaced by `***`.
     public static func redact(_ text: String) -> String {

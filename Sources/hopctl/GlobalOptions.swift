@@ -1,5 +1,7 @@
 import ArgumentParser
+import HopPostgres
 import HopStore
+import Synchronization
 
 #if canImport(FoundationEssentials)
 import FoundationEssentials
@@ -9,7 +11,8 @@ import Foundation
 
 /// Options every command that changes the database takes.
 struct GlobalOptions: ParsableArguments {
-    @Option(name: .long, help: ArgumentHelp("The Hop database.", valueName: "path"))
+    @Option(
+        name: .long, help: ArgumentHelp("The Hop database: a file, or a postgres:// URL.", valueName: "path-or-url"))
     var db: String?
 
     @Option(
@@ -27,10 +30,13 @@ struct GlobalOptions: ParsableArguments {
     }
 
     /// Opens the database for a change: it must exist; its schema is brought up to date.
-    func openForWriting() async throws -> HopStore {
-        try await HopStore.open(
-            path: path,
-            options: HopStore.Options(busyTimeout: .milliseconds(busyTimeout), createIfMissing: false, migrate: true))
+    func openForWriting() async throws -> any HopAdministration {
+        try await OpenDatabases.open(path, migrate: true) {
+            try await HopStore.open(
+                path: path,
+                options: HopStore.Options(
+                    busyTimeout: .milliseconds(busyTimeout), createIfMissing: false, migrate: true))
+        }
     }
 }
 
@@ -85,14 +91,17 @@ extension GlobalOptions {
 
 /// Options every command that only reads takes: reads never wait for a writer, so they have no busy timeout.
 struct ReadOptions: ParsableArguments {
-    @Option(name: .long, help: ArgumentHelp("The Hop database.", valueName: "path"))
+    @Option(
+        name: .long, help: ArgumentHelp("The Hop database: a file, or a postgres:// URL.", valueName: "path-or-url"))
     var db: String?
 
     var path: String { db ?? DatabaseLocation.defaultPath() }
 
     /// Opens the database for reading: never creates or upgrades it.
-    func openForReading() async throws -> HopStore {
-        try await HopStore.open(path: path, options: HopStore.Options(createIfMissing: false, migrate: false))
+    func openForReading() async throws -> any HopAdministration {
+        try await OpenDatabases.open(path, migrate: false) {
+            try await HopStore.open(path: path, options: HopStore.Options(createIfMissing: false, migrate: false))
+        }
     }
 }
 
@@ -124,4 +133,41 @@ func checkIdentifier(_ value: String, as what: String) throws {
     } catch let error as HopError {
         throw ValidationError("\(error.reason). \(error.hint ?? "")")
     }
+}
+
+/// The databases a command opened: a file path opens a SQLite ``HopStore``, a `postgres://` URL
+/// a `PostgresStore`, whose connections are closed before hopctl exits.
+enum OpenDatabases {
+    private static let servers = Mutex<[PostgresStore]>([])
+
+    /// Opens `location`: a server's database when it is a `postgres://` URL (its schema upgraded
+    /// when `migrate`, else an outdated one refused), else the file `openFile` opens.
+    static func open(
+        _ location: String, migrate: Bool, file openFile: () async throws -> HopStore
+    ) async throws -> any HopAdministration {
+        guard PostgresURL.isPostgresURL(location) else { return try await openFile() }
+        let store = try await PostgresStore.open(url: location, migrate: migrate)
+        servers.withLock { $0.append(store) }
+        return store
+    }
+
+    /// Closes the server connections opened so far.
+    static func closeAll() async {
+        for store in servers.withLock({ stores in
+            defer { stores.removeAll() }
+            return stores
+        }) {
+            await store.close()
+        }
+    }
+}
+
+/// The store of a command that only a SQLite file supports, or a clear refusal for a server's database.
+func requireFile(_ store: any HopAdministration, for command: String, hint: String) throws -> HopStore {
+    guard let file = store as? HopStore else {
+        throw HopError(
+            .refused, operation: command, path: store.location,
+            reason: "`hopctl \(command)` works on a SQLite file; this database is on a PostgreSQL server", hint: hint)
+    }
+    return file
 }

@@ -16,14 +16,14 @@ struct Hopctl: AsyncParsableCommand {
         commandName: "hopctl",
         abstract: "Inspect and steer Hop flows in a Hop database, beside a running daemon.",
         discussion: """
-            The database is --db PATH, else $HOP_DB, else $XDG_STATE_HOME/hop/hop.sqlite, else ~/.local/state/hop/hop.sqlite.
+            The database is --db PATH (a file, or a postgres:// URL), else $HOP_DB, else $XDG_STATE_HOME/hop/hop.sqlite, else ~/.local/state/hop/hop.sqlite.
             Exit codes: 0 success, 64 usage error, 1 runtime error (message on standard error).
             """,
         version: "hopctl \(HopVersion.current)",
         subcommands: [
             Migrate.self, Status.self, History.self, Start.self, Unhop.self, Cancel.self, Restart.self,
             ResetFirstUse.self,
-            FirstUse.self, SessionCommand.self, Graph.self, Patches.self, Fork.self, Backup.self, Prune.self,
+            FirstUse.self, SessionCommand.self, Graph.self, Patches.self, Fork.self, Backup.self, Prune.self, Copy.self,
         ]
     )
 
@@ -34,11 +34,17 @@ struct Hopctl: AsyncParsableCommand {
             let arguments = GlobalOptions.hoisted(Array(CommandLine.arguments.dropFirst()))
             try checkCommandIsKnown(arguments)
             var command = try parseAsRoot(arguments)
-            if var asynchronous = command as? AsyncParsableCommand {
-                try await asynchronous.run()
-            } else {
-                try command.run()
+            do {
+                if var asynchronous = command as? AsyncParsableCommand {
+                    try await asynchronous.run()
+                } else {
+                    try command.run()
+                }
+            } catch {
+                await OpenDatabases.closeAll()
+                throw error
             }
+            await OpenDatabases.closeAll()
         } catch let error as UsageError {
             // Found while running (standard input, say): the message alone, not the whole usage.
             StandardStream.write("Error: \(error.message)\n", to: STDERR_FILENO)

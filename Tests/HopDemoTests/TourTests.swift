@@ -11,7 +11,9 @@ import Testing
         var expected: [String]
     }
 
-    @Test func theTourInTheREADMEReproducesItsOwnOutput() async throws {
+    /// On a file, and on a PostgreSQL server (`HOP_DB=postgres://…`): the same output.
+    @Test(arguments: TestBackend.all)
+    func theTourInTheREADMEReproducesItsOwnOutput(backend: TestBackend) async throws {
         let steps = try Self.tour()
         let commands = steps.map(\.command)
         #expect(
@@ -26,7 +28,7 @@ import Testing
             ], "the tour changed: update this test with it")
         guard commands.count == 14 else { return }
         let folder = try TemporaryDirectory()
-        let environment = ["HOP_DB": folder.database]
+        let environment = ["HOP_DB": try await backend.location(folder)]
 
         for index in 0...3 { try await check(steps[index], try await run(steps[index], in: folder, environment)) }
 
@@ -96,7 +98,7 @@ import Testing
             line = line.replacing(/\[\s*\d+\.\d\ds\]/, with: "[T]")
             line = line.replacing(/\b\d+[smhd] ago\b/, with: "AGO")
             line = line.replacing(/[0-9a-f]{4}…\*{8}/, with: "TOKEN")
-            line = line.replacing(/\/\S*hop\.sqlite|\/tmp\/hop-tour\.sqlite/, with: "DB")
+            line = line.replacing(/\/\S*hop\.sqlite|\/tmp\/hop-tour\.sqlite|postgres:\/\/\S+/, with: "DB")
             return line.split(separator: " ", omittingEmptySubsequences: true).joined(separator: " ")
         }
     }

@@ -83,6 +83,9 @@ import Testing
         let url = try PostgresURL("postgres://hop:s3cret-pw@db.example:6543/fleet?sslmode=require")
         #expect(url.redacted == "postgres://hop:***@db.example:6543/fleet?sslmode=require")
         #expect(!"\(url)".contains("s3cret-pw"))
+        var dumped = ""
+        dump(url, to: &dumped)
+        #expect(!dumped.contains("s3cret-pw") && !String(reflecting: url).contains("s3cret-pw"), "\(dumped)")
         #expect(url.tlsMode == .require && url.host == "db.example" && url.port == 6543 && url.database == "fleet")
 
         for bad in [

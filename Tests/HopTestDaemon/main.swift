@@ -33,6 +33,9 @@ import Logging
 //                parked on an external step with a 10 s timeout (long enough that a loaded machine
 //                starts all N before the first sleep or timeout is due); prints "started N" once every run is
 //                there, and serves until standard input closes
+//   --fleet      one engine of a fleet: every step in process, each working 50-300 ms; runs
+//                whatever runs it can claim (started elsewhere) and serves until standard input
+//                closes. Each body line in PREFIX.bodies also names the process: "<run> <step> <pid>"
 //   --retention S prunes runs that finished more than S seconds ago, keeping each subject's newest,
 //                every 100 ms (Configuration.retention)
 // Environment:
@@ -59,6 +62,7 @@ struct Options {
     var code: String?
     var patch = false
     var retention: Double?
+    var fleet = false
 
     static func parse() -> Options {
         var options = Options()
@@ -80,6 +84,7 @@ struct Options {
             case "--wait-all": options.waitAll = true
             case "--code": options.code = arguments.popFirst()
             case "--patch": options.patch = true
+            case "--fleet": options.fleet = true
             case "--retention": options.retention = Double(arguments.popFirst() ?? "")
             default:
                 FileHandle.standardError.write(Data("unknown argument \(argument)\n".utf8))
@@ -115,6 +120,12 @@ func startupFlow(version: String) -> Flow {
     }
 }
 
+/// A fleet engine's step works a while, so that a kill lands inside steps as well as between them.
+func fleetWork() async throws {
+    guard options.fleet else { return }
+    try await Task.sleep(for: .milliseconds(Int.random(in: 50...300)))
+}
+
 /// Writes a line to standard output at once: a SIGKILL must not lose it in a buffer.
 func say(_ line: String) {
     FileHandle.standardOutput.write(Data((line + "\n").utf8))
@@ -134,7 +145,7 @@ let files = options.files ?? path
 let bodies = files + ".bodies"
 
 func noteBody(_ context: StepContext, _ what: String? = nil) {
-    let step = "\(context.runID) \(what ?? context.step)"
+    let step = "\(context.runID) \(what ?? context.step)\(options.fleet ? " \(getpid())" : "")"
     let descriptor = open(bodies, O_WRONLY | O_CREAT | O_APPEND, 0o600)
     guard descriptor >= 0 else { return }
     _ = "\(step)\n".withCString { write(descriptor, $0, strlen($0)) }
@@ -186,6 +197,7 @@ do {
             }
         }
         if await attempts.next() <= failures { throw SplashError(attempt: step.attempt) }
+        try await fleetWork()
         try await step.unhop(output: ["cache": "warm"])
     }
     if external {
@@ -194,10 +206,12 @@ do {
     } else {
         engine.register(step: "onboarding") { step in
             noteBody(step)
+            try await fleetWork()
             try await step.unhop(output: ["accepted": true])
         }
         engine.register(step: "login") { step in
             noteBody(step)
+            try await fleetWork()
             try await step.storeSession(userID: "alice", token: "token-of-alice")
             try await step.unhop(output: ["userID": "alice"])
         }
@@ -206,7 +220,10 @@ do {
     if options.reroute {
         engine.register(step: "main", .external(unhopWhen: .sessionRemoved))
     } else {
-        engine.register(step: "main") { step in noteBody(step) }
+        engine.register(step: "main") { step in
+            noteBody(step)
+            try await fleetWork()
+        }
     }
 
     engine.register(
@@ -227,6 +244,14 @@ do {
     engine.register(step: "wait", .external)
     engine.register(step: "done") { step in noteBody(step) }
 
+    if options.fleet {
+        let service = Task { try await engine.run() }
+        await waitForInputToClose()
+        service.cancel()
+        _ = try? await service.value
+        say("stopped")
+        exit(0)
+    }
     let run: RunRecord
     if options.mixed > 0 {
         // Every run is in its step, its sleep or parked, unless it has moved past that already.

@@ -14,7 +14,7 @@ package struct TestBackend: Sendable, CustomStringConvertible {
     /// The backend's name, shown in test names.
     package let name: String
     /// Opens a fresh storage whose data lives in `folder` (or, for a server, in a database made for it).
-    package let open: @Sendable (_ folder: TemporaryDirectory) async throws -> any HopStorage
+    package let open: @Sendable (_ folder: TemporaryDirectory) async throws -> any HopAdministration
     /// Where a fresh test's data lives, for a process or a second store to open: the database file
     /// in `folder`, or the URL of the test's database on the server (one per folder).
     package let location: @Sendable (_ folder: TemporaryDirectory) async throws -> String

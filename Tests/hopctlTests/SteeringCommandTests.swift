@@ -4,101 +4,114 @@ import HopTestSupport
 import Testing
 
 @Suite struct SteeringCommandTests {
-    @Test func unhopFinishesTheStepAnEngineInAnotherProcessIsParkedOn() async throws {
+    @Test(arguments: TestBackend.all) func unhopFinishesTheStepAnEngineInAnotherProcessIsParkedOn(
+        backend: TestBackend
+    ) async throws {
         let folder = try TemporaryDirectory()
-        let daemon = try ChildProcess("hop-test-daemon", ["--db", folder.database, "--external"], directory: folder)
+        let db = try await backend.location(folder)
+        let daemon = try ChildProcess("hop-test-daemon", ["--db", db, "--external"], directory: folder)
         defer { daemon.kill() }
         try await daemon.waitForOutput("parked onboarding")
 
         let unhop = try await hopctl(
-            ["unhop", "--flow", "startup", "--step", "onboarding", "--output", #"{"accepted": true}"#], in: folder)
+            ["unhop", "--flow", "startup", "--step", "onboarding", "--output", #"{"accepted": true}"#], in: folder,
+            db: db)
         #expect(unhop.status == 0, "\(unhop.stderr)")
         #expect(unhop.stdout.contains("unhopped onboarding"))
         try await daemon.waitForOutput("parked login", timeout: .seconds(10))
 
         // The same command again (a retry, a double click): it must not finish login.
-        let again = try await hopctl(["unhop", "--flow", "startup", "--step", "onboarding"], in: folder)
+        let again = try await hopctl(["unhop", "--flow", "startup", "--step", "onboarding"], in: folder, db: db)
         #expect(again.status == 1, "a retried unhop finished the step after it")
         #expect(
             again.stderr.contains("run 1 is not parked on 'onboarding': it is parked on 'login'"), "\(again.stderr)")
-        let login = try await hopctl(["unhop", "--flow", "startup", "--step", "login"], in: folder)
+        let login = try await hopctl(["unhop", "--flow", "startup", "--step", "login"], in: folder, db: db)
         #expect(login.status == 1 && login.stderr.contains("hopctl session login"), "\(login.stderr)")
-        let store = try await HopStore.open(path: folder.database)
+        let store = try await backend.open(folder)
         #expect(try await store.run(id: 1)?.currentStep == "login")
         #expect(try await store.session(subject: "default") == nil)
-        #expect(try await hopctl(["session", "login", "alice"], in: folder).status == 0)
+        #expect(try await hopctl(["session", "login", "alice"], in: folder, db: db).status == 0)
         try await daemon.waitForOutput("settled completed", timeout: .seconds(10))
-        let nothing = try await hopctl(["unhop", "--flow", "startup", "--step", "main"], in: folder)
+        let nothing = try await hopctl(["unhop", "--flow", "startup", "--step", "main"], in: folder, db: db)
         #expect(nothing.status == 1)
         #expect(nothing.stderr.contains("no unfinished run of flow 'startup' for subject 'default'"))
-        #expect(nothing.stderr.contains(folder.database))
+        #expect(nothing.stderr.contains(backend.name == "sqlite" ? folder.database : "postgres://"))
     }
 
-    @Test func sessionLoginMovesARunWaitingOnLoginAndNeverPrintsTheToken() async throws {
+    @Test(arguments: TestBackend.all) func sessionLoginMovesARunWaitingOnLoginAndNeverPrintsTheToken(
+        backend: TestBackend
+    ) async throws {
         let folder = try TemporaryDirectory()
-        let daemon = try ChildProcess("hop-test-daemon", ["--db", folder.database, "--external"], directory: folder)
+        let db = try await backend.location(folder)
+        let daemon = try ChildProcess("hop-test-daemon", ["--db", db, "--external"], directory: folder)
         defer { daemon.kill() }
         try await daemon.waitForOutput("parked onboarding")
-        #expect(try await hopctl(["unhop", "--flow", "startup", "--step", "onboarding"], in: folder).status == 0)
+        #expect(
+            try await hopctl(["unhop", "--flow", "startup", "--step", "onboarding"], in: folder, db: db).status == 0)
         try await daemon.waitForOutput("parked login")
 
         let login = try await hopctl(
-            ["session", "login", "alice", "--token-stdin", "--expires-in", "12h"], in: folder,
+            ["session", "login", "alice", "--token-stdin", "--expires-in", "12h"], in: folder, db: db,
             stdin: "very-secret-token\n")
         #expect(login.status == 0, "\(login.stderr)")
         #expect(!login.stdout.contains("very-secret-token") && !login.stderr.contains("very-secret-token"))
         #expect(login.stdout.contains("was waiting for a login"))
         try await daemon.waitForOutput("settled completed", timeout: .seconds(10))
-        let store = try await HopStore.open(path: folder.database)
+        let store = try await backend.open(folder)
         let session = try #require(try await store.session(subject: "default"))
         #expect(session.token == "very-secret-token" && session.userID == "alice")
         #expect(abs((session.expiresAt?.timeIntervalSinceNow ?? 0) - 12 * 3600) < 60)
 
-        let logout = try await hopctl(["session", "logout"], in: folder)
+        let logout = try await hopctl(["session", "logout"], in: folder, db: db)
         #expect(logout.status == 0)
         #expect(try await store.session(subject: "default") == nil)
-        let generated = try await hopctl(["session", "login", "bob", "--subject", "kiosk-2"], in: folder)
+        let generated = try await hopctl(["session", "login", "bob", "--subject", "kiosk-2"], in: folder, db: db)
         #expect(generated.status == 0)
         let token = try #require(try await store.session(subject: "kiosk-2")?.token)
         #expect(token.count == 64 && !generated.stdout.contains(token))
     }
 
-    @Test func cancelStopsTheRunAndRestartStartsANewOneKeepingHistory() async throws {
+    @Test(arguments: TestBackend.all) func cancelStopsTheRunAndRestartStartsANewOneKeepingHistory(
+        backend: TestBackend
+    ) async throws {
         let folder = try TemporaryDirectory()
-        let daemon = try ChildProcess("hop-test-daemon", ["--db", folder.database, "--external"], directory: folder)
+        let db = try await backend.location(folder)
+        let daemon = try ChildProcess("hop-test-daemon", ["--db", db, "--external"], directory: folder)
         try await daemon.waitForOutput("parked onboarding")
         daemon.kill()
         try await daemon.waitForExit()
 
-        let cancel = try await hopctl(["cancel", "--flow", "startup"], in: folder)
+        let cancel = try await hopctl(["cancel", "--flow", "startup"], in: folder, db: db)
         #expect(cancel.status == 0 && cancel.stdout.contains("cancelled run 1"))
-        let status = try #require(try await hopctlJSON(["status"], in: folder) as? [[String: Any]])
+        let status = try #require(try await hopctlJSON(["status"], in: folder, db: db) as? [[String: Any]])
         #expect(status.first?["status"] as? String == "cancelled")
-        #expect(try await hopctl(["unhop", "--flow", "startup", "--step", "onboarding"], in: folder).status == 1)
+        #expect(
+            try await hopctl(["unhop", "--flow", "startup", "--step", "onboarding"], in: folder, db: db).status == 1)
 
-        let restart = try await hopctl(["restart", "--flow", "startup"], in: folder)
+        let restart = try await hopctl(["restart", "--flow", "startup"], in: folder, db: db)
         #expect(restart.status == 0 && restart.stdout.contains("run 2"))
-        let store = try await HopStore.open(path: folder.database)
-        #expect(try await store.allRuns(flow: "startup", subject: "default").map(\.status) == [.cancelled, .running])
+        let store = try await backend.open(folder)
+        #expect(try await store.allRuns(flow: "startup").map(\.status) == [.cancelled, .running])
         #expect(try await store.history(runID: 1).count >= 3)
 
-        let resumed = try ChildProcess("hop-test-daemon", ["--db", folder.database, "--external"], directory: folder)
+        let resumed = try ChildProcess("hop-test-daemon", ["--db", db, "--external"], directory: folder)
         defer { resumed.kill() }
         try await resumed.waitForOutput("parked onboarding")
         #expect(resumed.stdout.contains("executing run 2 replaying 0"))
     }
 
-    @Test func resetFirstUseBringsOnboardingBack() async throws {
+    @Test(arguments: TestBackend.all) func resetFirstUseBringsOnboardingBack(backend: TestBackend) async throws {
         let folder = try TemporaryDirectory()
-        try await completedStartup(folder)
-        let reset = try await hopctl(["reset-first-use", "onboarding"], in: folder)
+        let db = try await backend.location(folder)
+        try await completedStartup(folder, db: db)
+        let reset = try await hopctl(["reset-first-use", "onboarding"], in: folder, db: db)
         #expect(reset.status == 0 && reset.stdout.contains("1 flag cleared"))
-        #expect((try await hopctlJSON(["first-use", "list"], in: folder) as? [Any])?.isEmpty == true)
-        let store = try await HopStore.open(path: folder.database)
+        #expect((try await hopctlJSON(["first-use", "list"], in: folder, db: db) as? [Any])?.isEmpty == true)
+        let store = try await backend.open(folder)
         try await store.markUsed(subject: "default", feature: "a")
         try await store.markUsed(subject: "default", feature: "b")
-        #expect(try await hopctl(["reset-first-use", "--all"], in: folder).stdout.contains("2 flags cleared"))
-        #expect(try await hopctl(["reset-first-use"], in: folder).status == 64)
-        #expect(try await hopctl(["reset-first-use", "x", "--all"], in: folder).status == 64)
+        #expect(try await hopctl(["reset-first-use", "--all"], in: folder, db: db).stdout.contains("2 flags cleared"))
+        #expect(try await hopctl(["reset-first-use"], in: folder, db: db).status == 64)
+        #expect(try await hopctl(["reset-first-use", "x", "--all"], in: folder, db: db).status == 64)
     }
 }

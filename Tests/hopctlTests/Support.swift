@@ -3,22 +3,22 @@ import HopStore
 import HopTestSupport
 import Testing
 
-/// Runs the built `hopctl` against the database of `folder`.
+/// Runs the built `hopctl` against the database of `folder` (the file there, unless `db` names another).
 func hopctl(
-    _ arguments: [String], in folder: TemporaryDirectory, stdin: String? = nil
+    _ arguments: [String], in folder: TemporaryDirectory, db: String? = nil, stdin: String? = nil
 ) async throws -> (status: Int32, stdout: String, stderr: String) {
-    try await run("hopctl", arguments + ["--db", folder.database], stdin: stdin, in: folder)
+    try await run("hopctl", arguments + ["--db", db ?? folder.database], stdin: stdin, in: folder)
 }
 
 /// Runs `hopctl` and parses its standard output as JSON.
-func hopctlJSON(_ arguments: [String], in folder: TemporaryDirectory) async throws -> Any {
-    let result = try await hopctl(arguments + ["--json"], in: folder)
+func hopctlJSON(_ arguments: [String], in folder: TemporaryDirectory, db: String? = nil) async throws -> Any {
+    let result = try await hopctl(arguments + ["--json"], in: folder, db: db)
     #expect(result.status == 0, "\(arguments): \(result.stderr)")
     return try JSONSerialization.jsonObject(with: Data(result.stdout.utf8), options: [.fragmentsAllowed])
 }
 
 /// A database where the startup flow ran to the end once, in a daemon process (all steps in process).
-func completedStartup(_ folder: TemporaryDirectory) async throws {
-    let result = try await run("hop-test-daemon", ["--db", folder.database], in: folder)
+func completedStartup(_ folder: TemporaryDirectory, db: String? = nil) async throws {
+    let result = try await run("hop-test-daemon", ["--db", db ?? folder.database], in: folder)
     #expect(result.status == 0 && result.stdout.contains("settled completed"), "\(result.stdout)\(result.stderr)")
 }

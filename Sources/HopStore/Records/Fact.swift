@@ -13,3 +13,10 @@ public struct Fact: Sendable, Equatable, Codable {
     /// When it was last set.
     public var updatedAt: Date
 }
+
+extension Fact {
+    /// A fact as read from a database.
+    package static func stored(key: String, value: String, updatedAt: Date) -> Fact {
+        Fact(key: key, value: value, updatedAt: updatedAt)
+    }
+}

@@ -11,3 +11,10 @@ public struct FirstUseFlag: Sendable, Equatable, Codable {
     /// When it was first used (since its last reset).
     public var usedAt: Date
 }
+
+extension FirstUseFlag {
+    /// A flag as read from a database.
+    package static func stored(feature: String, usedAt: Date) -> FirstUseFlag {
+        FirstUseFlag(feature: feature, usedAt: usedAt)
+    }
+}

@@ -13,3 +13,10 @@ public struct HopEdge: Sendable, Equatable, Codable {
     /// How many times runs took this edge.
     public var count: Int
 }
+
+extension HopEdge {
+    /// An edge as counted by a database.
+    package static func counted(from: String?, to: String, count: Int) -> HopEdge {
+        HopEdge(from: from, to: to, count: count)
+    }
+}

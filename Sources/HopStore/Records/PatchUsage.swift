@@ -13,3 +13,10 @@ public struct PatchUsage: Sendable, Equatable, Codable {
     /// How many runs took its new branch.
     public var runs: Int
 }
+
+extension PatchUsage {
+    /// A patch's use as counted by a database.
+    package static func counted(name: String, firstRecordedAt: Date, runs: Int) -> PatchUsage {
+        PatchUsage(name: name, firstRecordedAt: firstRecordedAt, runs: runs)
+    }
+}

@@ -6,12 +6,45 @@
 /// the same on either backend.
 public struct HopDatabase: Sendable {
     /// The backend, behind the storage seam.
-    package let storage: any HopStorage
+    package let storage: any HopAdministration
 
-    package init(_ storage: any HopStorage) { self.storage = storage }
+    package init(_ storage: any HopAdministration) { self.storage = storage }
 
     /// Where the data lives, for logs and messages: a file path, or a URL without its password.
     public var location: String { storage.location }
+
+    // MARK: Reading what the flows did (the same on either backend)
+
+    /// The run with `id`, if it exists.
+    public func run(id: Int64) async throws -> RunRecord? { try await storage.run(id: id) }
+
+    /// The newest run of `flow` for `subject`, finished or not.
+    public func latestRun(flow: String, subject: String = "default") async throws -> RunRecord? {
+        try await storage.latestRun(flow: flow, subject: subject)
+    }
+
+    /// Every run of `flow`, for every subject, oldest first.
+    public func allRuns(flow: String) async throws -> [RunRecord] { try await storage.allRuns(flow: flow) }
+
+    /// The history of run `runID` in order; with `limit`, its last `limit` entries.
+    public func history(runID: Int64, limit: Int? = nil) async throws -> [HistoryEntry] {
+        try await storage.history(runID: runID, limit: limit)
+    }
+
+    /// The stored, unexpired session of `subject`.
+    public func session(subject: String = "default") async throws -> StoredSession? {
+        try await storage.session(subject: subject)
+    }
+
+    /// The features `subject` has used; any other is on its first use.
+    public func firstUseFlags(subject: String = "default") async throws -> [FirstUseFlag] {
+        try await storage.firstUseFlags(subject: subject)
+    }
+
+    /// The daemon's fact `key` about `subject`.
+    public func fact(subject: String = "default", key: String) async throws -> String? {
+        try await storage.fact(subject: subject, key: key)
+    }
 }
 
 extension HopStore {

@@ -17,6 +17,17 @@ package struct StorageRules: Sendable {
         HopError(code, operation: operation, path: location, reason: reason, hint: hint)
     }
 
+    /// Refuses to copy a deployment into a database that already holds something: `counts` are
+    /// its runs, first-use flags, sessions and facts.
+    package func checkEmptyTarget(counts: [Int64], operation: String) throws {
+        guard counts.contains(where: { $0 > 0 }) else { return }
+        let names = ["runs", "first-use flags", "sessions", "facts"]
+        let held = zip(counts, names).filter { $0.0 > 0 }.map { "\($0.0) \($0.1)" }
+        throw refuse(
+            .refused, operation, "the target database is not empty: it holds \(held.joined(separator: ", "))",
+            hint: "Copy into a new, empty database (nothing was changed); never over a deployment's data")
+    }
+
     /// Checks a session before it is stored: a token of 1 to 4096 bytes, an expiry still to come.
     package func checkSession(token: String, expiresAt: Date?) throws {
         guard !token.isEmpty, token.utf8.count <= StoredSession.maximumTokenBytes else {

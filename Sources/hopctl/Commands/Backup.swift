@@ -19,7 +19,11 @@ struct Backup: AsyncParsableCommand {
     var path: String
 
     func run() async throws {
-        let store = try await global.openForReading()
+        let store = try requireFile(
+            try await global.openForReading(), for: "backup",
+            hint:
+                "Back a server's database up with PostgreSQL's own tools (pg_dump, pg_basebackup); `hopctl copy --to FILE` writes it into a new SQLite file"
+        )
         let backup = try await store.backup(to: path)
         if output.json { return try Output.json(BackupJSON(backup)) }
         Output.line(

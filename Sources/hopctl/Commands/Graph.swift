@@ -30,7 +30,7 @@ struct Graph: AsyncParsableCommand {
         if output.json { return try Output.json(edges.map { EdgeJSON(from: $0.from, to: $0.to, count: $0.count) }) }
         guard !edges.isEmpty else {
             throw HopError(
-                .notFound, operation: "graph", path: store.path, reason: "no run of flow '\(flow)' has hopped yet",
+                .notFound, operation: "graph", path: store.location, reason: "no run of flow '\(flow)' has hopped yet",
                 hint: "Check the flow name with `hopctl status`")
         }
         switch format ?? .mermaid {

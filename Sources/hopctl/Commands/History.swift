@@ -48,7 +48,7 @@ struct History: AsyncParsableCommand {
             record = try await store.run(id: run)
             if let record, record.flow != flow || record.subject != subject {
                 throw HopError(
-                    .notFound, operation: "history", path: store.path,
+                    .notFound, operation: "history", path: store.location,
                     reason:
                         "run \(run) belongs to flow '\(record.flow)' for subject '\(record.subject)', not '\(flow)' for '\(subject)'",
                     hint: "Pass the matching --flow and --subject")
@@ -59,7 +59,7 @@ struct History: AsyncParsableCommand {
         guard let record else {
             if run == nil { try await requireFlow(flow, in: store, operation: "history") }
             throw HopError(
-                .notFound, operation: "history", path: store.path,
+                .notFound, operation: "history", path: store.location,
                 reason: run.map { "there is no run \($0)" }
                     ?? "there is no run of flow '\(flow)' for subject '\(subject)'",
                 hint: "List runs with `hopctl status --flow \(flow)`")
@@ -90,7 +90,7 @@ struct History: AsyncParsableCommand {
     }
 
     /// The histories of every run of the flow, oldest first.
-    private func printAllRuns(_ store: HopStore) async throws {
+    private func printAllRuns(_ store: any HopAdministration) async throws {
         try await requireFlow(flow, in: store, operation: "history")
         let runs = try await store.allRuns(flow: flow)
         let histories = try await store.histories(runIDs: runs.map(\.id))

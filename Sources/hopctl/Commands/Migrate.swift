@@ -9,8 +9,10 @@ struct Migrate: AsyncParsableCommand {
     @OptionGroup var global: GlobalOptions
 
     func run() async throws {
-        let store = try await HopStore.open(
-            path: global.path, options: HopStore.Options(busyTimeout: .milliseconds(global.busyTimeout)))
-        Output.line("schema version \(store.schemaVersion) (\(Output.printable(store.path)))")
+        let store = try await OpenDatabases.open(global.path, migrate: true) {
+            try await HopStore.open(
+                path: global.path, options: HopStore.Options(busyTimeout: .milliseconds(global.busyTimeout)))
+        }
+        Output.line("schema version \(store.schemaVersion) (\(Output.printable(store.location)))")
     }
 }

@@ -63,9 +63,15 @@ struct Prune: AsyncParsableCommand {
     func run() async throws {
         let cutoff = Date().addingTimeInterval(-(DurationText.seconds(finishedBefore) ?? 0))
         let store = try await global.openForWriting()
+        // Refused before anything is pruned: a server's database has no file to rewrite.
+        let file =
+            vacuum
+            ? try requireFile(
+                store, for: "prune --vacuum",
+                hint: "PostgreSQL's autovacuum reuses the space of pruned runs; prune without --vacuum") : nil
         var report = try await store.prune(
             Pruning(finishedBefore: cutoff, flow: flow, keepLast: keepLast), dryRun: dryRun)
-        if vacuum { report.reclaimedBytes += try await store.vacuum() }
+        if let file { report.reclaimedBytes += try await file.vacuum() }
         if output.json { return try Output.json(PruneJSON(report, cutoff: cutoff, dryRun: dryRun)) }
         let runs = "\(report.runs) run\(report.runs == 1 ? "" : "s") (\(report.historyEntries) history entries)"
         let cutoffText = cutoff.formatted(.iso8601)

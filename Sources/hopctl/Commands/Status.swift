@@ -44,7 +44,7 @@ struct Status: AsyncParsableCommand {
 
     func run() async throws {
         let store = try await global.openForReading()
-        var runs = try await store.runs(flow: flow, subject: subject)
+        var runs = try await store.runs(flow: flow, subject: subject, limit: 1000)
         if runs.isEmpty, let flow { try await requireFlow(flow, in: store, operation: "status") }
         if let status { runs = runs.filter { $0.status == status } }
         var divergences: [Int64: String] = [:]
@@ -53,7 +53,8 @@ struct Status: AsyncParsableCommand {
         }
         if output.json { return try Output.json(runs.map { RunJSON($0, divergence: divergences[$0.id]) }) }
         if runs.isEmpty {
-            return Output.note(status.map { "no \($0.rawValue) runs in \(store.path)" } ?? "no runs in \(store.path)")
+            return Output.note(
+                status.map { "no \($0.rawValue) runs in \(store.location)" } ?? "no runs in \(store.location)")
         }
         if status == .diverged {
             return Output.table(
@@ -88,11 +89,11 @@ struct Status: AsyncParsableCommand {
 }
 
 /// Fails, as history does, when no run of `flow` exists at all: the name is likely mistyped.
-func requireFlow(_ flow: String, in store: HopStore, operation: String) async throws {
+func requireFlow(_ flow: String, in store: any HopAdministration, operation: String) async throws {
     let flows = try await store.flowNames()
     guard !flows.contains(flow) else { return }
     throw HopError(
-        .notFound, operation: operation, path: store.path, reason: "there is no run of flow '\(flow)'",
+        .notFound, operation: operation, path: store.location, reason: "there is no run of flow '\(flow)'",
         hint: flows.isEmpty
             ? "No flow has run here yet" : "The flows here: \(flows.joined(separator: ", ")) (see `hopctl status`)")
 }

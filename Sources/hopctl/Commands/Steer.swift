@@ -81,7 +81,7 @@ struct Restart: AsyncParsableCommand {
 
     func run() async throws {
         let store = try await global.openForWriting()
-        let run = try await store.restartRun(flow: selection.flow, subject: selection.subject)
+        let run = try await store.restartRun(flow: selection.flow, subject: selection.subject, version: nil)
         Output.line(
             "run \(run.id) of \(Output.printable(run.flow)) for \(Output.printable(run.subject)) starts from the beginning; earlier runs are kept"
         )

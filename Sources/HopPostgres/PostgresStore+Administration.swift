@@ -1,0 +1,296 @@
+import Foundation
+import HopStore
+import PostgresNIO
+
+extension PostgresStore: HopAdministration {
+    package func runs(flow: String?, subject: String?, limit: Int) async throws -> [RunRecord] {
+        if let flow { try validate(flow, as: "flow name") }
+        if let subject { try validate(subject, as: "subject") }
+        return try await read(
+            """
+            SELECT \(RunRecord.pgColumns) FROM runs
+            WHERE id IN (SELECT max(id) FROM runs
+                         WHERE ($2::text IS NULL OR flow = $2) AND ($3::text IS NULL OR subject = $3)
+                         GROUP BY flow, subject)
+            ORDER BY flow, subject LIMIT $1
+            """,
+            [.int(Int64(max(0, limit))), .optional(flow), .optional(subject)], operation: "list runs",
+            RunRecord.init(pg:))
+    }
+
+    package func flowNames() async throws -> [String] {
+        try await read("SELECT DISTINCT flow FROM runs ORDER BY flow", operation: "list flows") { try $0.text(0) }
+    }
+
+    package func allRuns(flow: String) async throws -> [RunRecord] {
+        try validate(flow, as: "flow name")
+        return try await read(
+            "SELECT \(RunRecord.pgColumns) FROM runs WHERE flow = $1 ORDER BY id", [.text(flow)],
+            operation: "list runs of \(flow)", RunRecord.init(pg:))
+    }
+
+    package func hopGraph(flow: String) async throws -> [HopEdge] {
+        try validate(flow, as: "flow name")
+        return try await read(
+            """
+            SELECT prev, step, count(*) FROM (
+                SELECT h.step AS step, lag(h.step) OVER (PARTITION BY h.run_id ORDER BY h.seq) AS prev
+                FROM runs r JOIN history h ON h.run_id = r.id
+                WHERE r.flow = $1 AND h.kind = 'hop') AS hops
+            GROUP BY prev, step ORDER BY count(*) DESC, prev NULLS FIRST, step
+            """,
+            [.text(flow)], operation: "read hop graph of \(flow)"
+        ) { .counted(from: try $0.optionalText(0), to: try $0.text(1), count: Int(try $0.int64(2))) }
+    }
+
+    package func patches(flow: String) async throws -> [PatchUsage] {
+        try validate(flow, as: "flow name")
+        return try await read(
+            """
+            SELECT h.step, min(h.at), count(DISTINCT h.run_id) FROM history h JOIN runs r ON r.id = h.run_id
+            WHERE h.kind = 'patch' AND r.flow = $1
+            GROUP BY h.step ORDER BY h.step
+            """,
+            [.text(flow)], operation: "list patches of \(flow)"
+        ) {
+            .counted(name: try $0.text(0), firstRecordedAt: Clock.date(try $0.int64(1)), runs: Int(try $0.int64(2)))
+        }
+    }
+
+    package func runsWithoutPatch(flow: String, patch: String) async throws -> [RunRecord] {
+        try validate(flow, as: "flow name")
+        try validate(patch, as: "patch name")
+        return try await read(
+            """
+            SELECT \(RunRecord.pgColumns) FROM runs
+            WHERE flow = $1 AND status IN \(RunStatus.pgUnfinished) AND NOT EXISTS (
+                SELECT 1 FROM history h WHERE h.run_id = runs.id AND h.kind = 'patch' AND h.step = $2)
+            ORDER BY id
+            """,
+            [.text(flow), .text(patch)], operation: "list runs without patch \(patch) of \(flow)", RunRecord.init(pg:))
+    }
+
+    package func firstUseFlags(subject: String) async throws -> [FirstUseFlag] {
+        try validate(subject, as: "subject")
+        return try await read(
+            "SELECT feature, used_at FROM first_use WHERE subject = $1 ORDER BY feature", [.text(subject)],
+            operation: "list first-use flags of \(subject)"
+        ) { .stored(feature: try $0.text(0), usedAt: Clock.date(try $0.int64(1))) }
+    }
+
+    @discardableResult
+    package func resetFirstUse(subject: String, features: [String]) async throws -> Int {
+        try validate(subject, as: "subject")
+        for feature in features { try validate(feature, as: "feature name") }
+        return try await transaction("reset first use") { tx in
+            try await tx.run(
+                "DELETE FROM first_use WHERE subject = $1 AND feature = ANY($2) RETURNING 1",
+                [.text(subject), .texts(features)])
+        }
+    }
+
+    @discardableResult
+    package func resetAllFirstUse(subject: String) async throws -> Int {
+        try validate(subject, as: "subject")
+        return try await transaction("reset first use") { tx in
+            try await tx.run("DELETE FROM first_use WHERE subject = $1 RETURNING 1", [.text(subject)])
+        }
+    }
+
+    // MARK: Moving a deployment
+
+    /// Everything in the database, read in one read-only transaction at `REPEATABLE READ`: one
+    /// snapshot, while engines go on writing.
+    package func snapshot() async throws -> HopSnapshot {
+        let operation = "read the whole database"
+        do {
+            return try await client.withConnection { connection in
+                func query<T>(_ sql: String, _ decode: (Row) throws -> T) async throws -> [T] {
+                    try await connection.query(PostgresValue.query(sql, []), logger: Self.quiet).collect()
+                        .map { try decode(Row($0)) }
+                }
+                _ = try await query("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY") { _ in () }
+                do {
+                    let snapshot = HopSnapshot(
+                        runs: try await query(
+                            "SELECT \(RunRecord.pgColumns) FROM runs ORDER BY id", RunRecord.init(pg:)),
+                        history: try await query(
+                            "SELECT \(HistoryEntry.pgColumns) FROM history ORDER BY run_id, seq", HistoryEntry.init(pg:)
+                        ),
+                        firstUse: try await query(
+                            "SELECT subject, feature, used_at FROM first_use ORDER BY subject, feature"
+                        ) {
+                            (
+                                subject: try $0.text(0),
+                                flag: .stored(feature: try $0.text(1), usedAt: Clock.date(try $0.int64(2)))
+                            )
+                        },
+                        sessions: try await query(
+                            "SELECT subject, user_id, token, created_at, expires_at FROM sessions ORDER BY subject"
+                        ) {
+                            .stored(
+                                subject: try $0.text(0), userID: try $0.text(1), token: try $0.text(2),
+                                createdAt: Clock.date(try $0.int64(3)),
+                                expiresAt: try $0.optionalInt64(4).map(Clock.date))
+                        },
+                        facts: try await query(
+                            "SELECT subject, key, value, updated_at FROM facts ORDER BY subject, key"
+                        ) {
+                            (
+                                subject: try $0.text(0),
+                                fact: .stored(
+                                    key: try $0.text(1), value: try $0.text(2), updatedAt: Clock.date(try $0.int64(3)))
+                            )
+                        })
+                    _ = try await query("COMMIT") { _ in () }
+                    return snapshot
+                } catch {
+                    _ = try? await query("ROLLBACK") { _ in () }
+                    throw error
+                }
+            }
+        } catch {
+            throw map(error, operation: operation)
+        }
+    }
+
+    /// Writes `snapshot` in one transaction, a few thousand rows per statement (each batch one
+    /// bound JSON parameter, expanded by `json_to_recordset`); the run id sequence then continues
+    /// after the highest id copied, so no id is ever handed out twice.
+    package func restore(_ snapshot: HopSnapshot) async throws {
+        let operation = "copy into \(location)"
+        let batches = try SnapshotBatches(snapshot)
+        try await transaction(operation) { tx in
+            let held =
+                try await tx.queryOne(
+                    """
+                    SELECT (SELECT count(*) FROM runs), (SELECT count(*) FROM first_use),
+                           (SELECT count(*) FROM sessions), (SELECT count(*) FROM facts)
+                    """, []
+                ) { [try $0.int64(0), try $0.int64(1), try $0.int64(2), try $0.int64(3)] } ?? []
+            try StorageRules(location: location).checkEmptyTarget(counts: held, operation: operation)
+            for batch in batches.runs {
+                try await tx.run(
+                    """
+                    INSERT INTO runs (id, flow, subject, flow_version, status, current_step, current_token, wake_on,
+                                      created_at, updated_at, wake_at)
+                    OVERRIDING SYSTEM VALUE
+                    SELECT id, flow, subject, flow_version, status, current_step, current_token, wake_on,
+                           created_at, updated_at, wake_at
+                    FROM json_to_recordset($1::json) AS r(
+                        id bigint, flow text, subject text, flow_version text, status text, current_step text,
+                        current_token text, wake_on text, created_at bigint, updated_at bigint, wake_at bigint)
+                    """, [.text(batch)])
+            }
+            for batch in batches.history {
+                try await tx.run(
+                    """
+                    INSERT INTO history (run_id, seq, kind, step, token, value, at)
+                    SELECT run_id, seq, kind, step, token, value, at
+                    FROM json_to_recordset($1::json) AS h(
+                        run_id bigint, seq bigint, kind text, step text, token text, value text, at bigint)
+                    """, [.text(batch)])
+            }
+            for batch in batches.firstUse {
+                try await tx.run(
+                    """
+                    INSERT INTO first_use (subject, feature, used_at)
+                    SELECT subject, feature, used_at FROM json_to_recordset($1::json) AS f(
+                        subject text, feature text, used_at bigint)
+                    """, [.text(batch)])
+            }
+            for batch in batches.sessions {
+                try await tx.run(
+                    """
+                    INSERT INTO sessions (subject, user_id, token, created_at, expires_at)
+                    SELECT subject, user_id, token, created_at, expires_at FROM json_to_recordset($1::json) AS s(
+                        subject text, user_id text, token text, created_at bigint, expires_at bigint)
+                    """, [.text(batch)])
+            }
+            for batch in batches.facts {
+                try await tx.run(
+                    """
+                    INSERT INTO facts (subject, key, value, updated_at)
+                    SELECT subject, key, value, updated_at FROM json_to_recordset($1::json) AS f(
+                        subject text, key text, value text, updated_at bigint)
+                    """, [.text(batch)])
+            }
+            if let last = snapshot.runs.map(\.id).max() {
+                try await tx.run("SELECT setval(pg_get_serial_sequence('runs', 'id'), $1)", [.int(last)])
+            }
+            try await tx.notifyChange()
+        }
+    }
+}
+
+/// A snapshot's rows as JSON arrays of a few thousand rows each, the parameters of ``PostgresStore/restore(_:)``.
+private struct SnapshotBatches {
+    var runs: [String] = []
+    var history: [String] = []
+    var firstUse: [String] = []
+    var sessions: [String] = []
+    var facts: [String] = []
+
+    static let rowsPerBatch = 5000
+
+    init(_ snapshot: HopSnapshot) throws {
+        runs = try Self.batches(
+            snapshot.runs.map {
+                RunRow(
+                    id: $0.id, flow: $0.flow, subject: $0.subject, flow_version: $0.flowVersion,
+                    status: $0.status.rawValue, current_step: $0.currentStep, current_token: $0.currentToken,
+                    wake_on: $0.wakeOn?.rawValue, created_at: Clock.milliseconds($0.createdAt),
+                    updated_at: Clock.milliseconds($0.updatedAt), wake_at: $0.wakeAt.map(Clock.milliseconds))
+            })
+        history = try Self.batches(
+            snapshot.history.map {
+                HistoryRow(
+                    run_id: $0.runID, seq: $0.seq, kind: $0.kind.rawValue, step: $0.step, token: $0.token,
+                    value: $0.value, at: Clock.milliseconds($0.at))
+            })
+        firstUse = try Self.batches(
+            snapshot.firstUse.map {
+                FirstUseRow(subject: $0.subject, feature: $0.flag.feature, used_at: Clock.milliseconds($0.flag.usedAt))
+            })
+        sessions = try Self.batches(
+            snapshot.sessions.map {
+                SessionRow(
+                    subject: $0.subject, user_id: $0.userID, token: $0.token,
+                    created_at: Clock.milliseconds($0.createdAt), expires_at: $0.expiresAt.map(Clock.milliseconds))
+            })
+        facts = try Self.batches(
+            snapshot.facts.map {
+                FactRow(
+                    subject: $0.subject, key: $0.fact.key, value: $0.fact.value,
+                    updated_at: Clock.milliseconds($0.fact.updatedAt))
+            })
+    }
+
+    private static func batches<T: Encodable>(_ rows: [T]) throws -> [String] {
+        let encoder = JSONEncoder()
+        return try stride(from: 0, to: rows.count, by: rowsPerBatch).map { start in
+            String(
+                decoding: try encoder.encode(Array(rows[start..<min(start + rowsPerBatch, rows.count)])), as: UTF8.self)
+        }
+    }
+
+    // The rows' JSON field names are the columns' names.
+    // swift-format-ignore: AlwaysUseLowerCamelCase
+    private struct RunRow: Encodable {
+        let id: Int64, flow: String, subject: String, flow_version: String, status: String
+        let current_step: String?, current_token: String?, wake_on: String?
+        let created_at: Int64, updated_at: Int64, wake_at: Int64?
+    }
+    // swift-format-ignore: AlwaysUseLowerCamelCase
+    private struct HistoryRow: Encodable {
+        let run_id: Int64, seq: Int64, kind: String, step: String?, token: String?, value: String?, at: Int64
+    }
+    // swift-format-ignore: AlwaysUseLowerCamelCase
+    private struct FirstUseRow: Encodable { let subject: String, feature: String, used_at: Int64 }
+    // swift-format-ignore: AlwaysUseLowerCamelCase
+    private struct SessionRow: Encodable {
+        let subject: String, user_id: String, token: String, created_at: Int64, expires_at: Int64?
+    }
+    // swift-format-ignore: AlwaysUseLowerCamelCase
+    private struct FactRow: Encodable { let subject: String, key: String, value: String, updated_at: Int64 }
+}

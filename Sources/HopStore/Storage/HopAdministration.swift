@@ -1,0 +1,71 @@
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
+import Foundation
+#endif
+
+/// What an operator's tool (`hopctl`) needs of a database beyond what an engine does: listing
+/// runs and flows, the hop graph, patches, first-use flags and facts, and moving a whole
+/// deployment from one database to another. Both backends implement it, with the same answers.
+package protocol HopAdministration: HopStorage {
+    /// The schema version of the database (the newest migration applied).
+    var schemaVersion: Int { get }
+
+    /// The newest run of each (flow, subject), optionally narrowed to one flow or subject, by flow and subject.
+    func runs(flow: String?, subject: String?, limit: Int) async throws -> [RunRecord]
+    /// The names of the flows that have runs here, in order.
+    func flowNames() async throws -> [String]
+    /// Every run of `flow`, for every subject, oldest first.
+    func allRuns(flow: String) async throws -> [RunRecord]
+    /// The hops observed in all runs of `flow`, with their counts.
+    func hopGraph(flow: String) async throws -> [HopEdge]
+    /// The patches whose new branch runs of `flow` took.
+    func patches(flow: String) async throws -> [PatchUsage]
+    /// The unfinished runs of `flow` whose history has no marker of `patch`.
+    func runsWithoutPatch(flow: String, patch: String) async throws -> [RunRecord]
+    /// The features `subject` has used, by name.
+    func firstUseFlags(subject: String) async throws -> [FirstUseFlag]
+    /// Makes `features` first-use again for `subject`; returns how many were marked used.
+    func resetFirstUse(subject: String, features: [String]) async throws -> Int
+    /// Makes every feature first-use again for `subject`; returns how many flags were cleared.
+    func resetAllFirstUse(subject: String) async throws -> Int
+
+    /// Everything the database holds — runs, histories, first-use flags, sessions and facts —
+    /// read as one consistent snapshot while daemons go on writing.
+    func snapshot() async throws -> HopSnapshot
+    /// Writes `snapshot` into this database in one transaction: all of it or, when it throws,
+    /// nothing. Refused (`.refused`) unless the database holds no run, flag, session or fact.
+    /// Runs keep their ids; no run is held by an engine afterwards (the engines of the source
+    /// are not this database's), so an engine registered for a running run's flow takes it.
+    func restore(_ snapshot: HopSnapshot) async throws
+}
+
+/// The whole content of a Hop database, as moved by `hopctl copy`.
+package struct HopSnapshot: Sendable {
+    /// Every run, by id.
+    package var runs: [RunRecord]
+    /// Every history entry, by run and seq.
+    package var history: [HistoryEntry]
+    /// Every first-use flag.
+    package var firstUse: [(subject: String, flag: FirstUseFlag)]
+    /// Every stored session, its token included.
+    package var sessions: [StoredSession]
+    /// Every fact.
+    package var facts: [(subject: String, fact: Fact)]
+
+    package init(
+        runs: [RunRecord], history: [HistoryEntry], firstUse: [(subject: String, flag: FirstUseFlag)],
+        sessions: [StoredSession], facts: [(subject: String, fact: Fact)]
+    ) {
+        self.runs = runs
+        self.history = history
+        self.firstUse = firstUse
+        self.sessions = sessions
+        self.facts = facts
+    }
+
+    /// Whether the snapshot holds nothing at all.
+    package var isEmpty: Bool {
+        runs.isEmpty && history.isEmpty && firstUse.isEmpty && sessions.isEmpty && facts.isEmpty
+    }
+}

@@ -1,0 +1,110 @@
+import Foundation
+import HopStore
+import HopTestSupport
+import Testing
+
+@Suite struct CopyCommandTests {
+    /// What hopctl shows of a database: every run's status line and every run's history, as JSON.
+    private func shown(_ db: String, in folder: TemporaryDirectory) async throws -> [String] {
+        let status = try await hopctl(["status", "--json"], in: folder, db: db)
+        #expect(status.status == 0, "\(status.stderr)")
+        let history = try await hopctl(["history", "--flow", "startup", "--all-runs", "--json"], in: folder, db: db)
+        #expect(history.status == 0, "\(history.stderr)")
+        let flags = try await hopctl(["first-use", "list", "--json"], in: folder, db: db)
+        return [status.stdout, history.stdout, flags.stdout]
+    }
+
+    /// A deployment moved from a file to `backend` and back: a run parked on a step, a completed
+    /// run, a stored session, first-use flags; the copy shows the same in hopctl, and a daemon on
+    /// the copy moves the parked run on.
+    @Test(arguments: TestBackend.all)
+    func copyMovesADeploymentToAnotherDatabaseAndBack(backend: TestBackend) async throws {
+        let folder = try TemporaryDirectory()
+        let source = folder.database
+        try await completedStartup(folder)
+        let daemon = try ChildProcess(
+            "hop-test-daemon", ["--db", source, "--external", "--subject", "kiosk-1"], directory: folder)
+        try await daemon.waitForOutput("parked onboarding")
+        daemon.kill()
+        _ = try await daemon.waitForExit()
+        #expect(
+            try await hopctl(
+                ["session", "login", "carol", "--subject", "kiosk-2", "--token-stdin"], in: folder,
+                stdin: "secret-token-of-carol\n"
+            ).status == 0)
+        let before = try await shown(source, in: folder)
+
+        let middleFolder = try TemporaryDirectory()
+        let middle = try await backend.location(middleFolder)
+        let copy = try await run("hopctl", ["copy", "--from", source, "--to", middle], in: folder)
+        #expect(copy.status == 0, "\(copy.stderr)")
+        #expect(copy.stdout.contains("copied "), "\(copy.stdout)")
+        #expect(!copy.stdout.contains("secret-token-of-carol") && !copy.stderr.contains("secret-token-of-carol"))
+        #expect(try await shown(middle, in: folder) == before)
+        let moved = try await backend.open(middleFolder)
+        #expect(try await moved.session(subject: "kiosk-2")?.token == "secret-token-of-carol")
+
+        // Into a database that holds data: refused, nothing changed.
+        let again = try await run("hopctl", ["copy", "--from", source, "--to", middle], in: folder)
+        #expect(again.status == 1 && again.stderr.contains("not empty"), "\(again.stderr)")
+        #expect(try await shown(middle, in: folder) == before)
+
+        // The parked run goes on on the copy; a new run gets an id never used.
+        let resumed = try ChildProcess(
+            "hop-test-daemon", ["--db", middle, "--external", "--subject", "kiosk-1"], directory: folder)
+        defer { resumed.kill() }
+        let unhop = try await hopctl(
+            ["unhop", "--flow", "startup", "--subject", "kiosk-1", "--step", "onboarding"], in: folder, db: middle)
+        #expect(unhop.status == 0, "\(unhop.stderr)")
+        try await resumed.waitForOutput("parked login", timeout: .seconds(10))
+        #expect(
+            try await hopctl(["session", "login", "dave", "--subject", "kiosk-1"], in: folder, db: middle).status == 0)
+        try await resumed.waitForOutput("settled completed", timeout: .seconds(10))
+        let started = try await hopctl(["start", "--flow", "startup", "--subject", "kiosk-9"], in: folder, db: middle)
+        #expect(started.status == 0 && started.stdout.contains("started run 3"), "\(started.stdout)\(started.stderr)")
+        resumed.kill()
+
+        // And back into a new file.
+        let back = folder.path("back.sqlite")
+        let copyBack = try await run("hopctl", ["copy", "--from", middle, "--to", back, "--json"], in: folder)
+        #expect(copyBack.status == 0, "\(copyBack.stderr)")
+        let report = try #require(try JSONSerialization.jsonObject(with: Data(copyBack.stdout.utf8)) as? [String: Any])
+        #expect(report["runs"] as? Int == 3 && (report["sessions"] as? Int ?? 0) >= 2, "\(report)")
+        #expect(try await shown(back, in: folder) == (try await shown(middle, in: folder)))
+    }
+
+    @Test func copyRefusesBadInputAndChangesNothing() async throws {
+        let folder = try TemporaryDirectory()
+        try await completedStartup(folder)
+        let same = try await run("hopctl", ["copy", "--from", folder.database, "--to", folder.database], in: folder)
+        #expect(same.status == 64 && same.stderr.contains("same database"), "\(same.stderr)")
+        let missing = try await run(
+            "hopctl", ["copy", "--from", folder.path("none.sqlite"), "--to", folder.path("new.sqlite")], in: folder)
+        #expect(missing.status == 1, "\(missing.stderr)")
+        #expect(!FileManager.default.fileExists(atPath: folder.path("new.sqlite")))
+        let badURL = try await run(
+            "hopctl", ["copy", "--from", folder.database, "--to", "postgres://u:hunter2@/db?sslmode=bogus"], in: folder)
+        #expect(badURL.status == 1 && !badURL.stderr.contains("hunter2"), "\(badURL.stderr)")
+    }
+
+    /// A server's database takes every command but the two that only a file has, which say what to use instead.
+    @Test(.enabled(if: TestBackend.all.contains { $0.name == "postgres" }))
+    func aServersDatabaseRefusesTheFileOnlyCommandsSayingWhatToUse() async throws {
+        let folder = try TemporaryDirectory()
+        let url = try await TestBackend.postgres.location(folder)
+        let migrate = try await hopctl(["migrate"], in: folder, db: url)
+        #expect(migrate.status == 0 && migrate.stdout.contains("schema version"), "\(migrate.stderr)")
+        #expect(migrate.stdout.contains("postgres://"), "\(migrate.stdout)")
+        try await completedStartup(folder, db: url)
+        let backup = try await hopctl(["backup", folder.path("copy.sqlite")], in: folder, db: url)
+        #expect(backup.status == 1 && backup.stderr.contains("pg_dump"), "\(backup.stderr)")
+        #expect(!FileManager.default.fileExists(atPath: folder.path("copy.sqlite")))
+        let vacuum = try await hopctl(["prune", "--finished-before", "0s", "--vacuum"], in: folder, db: url)
+        #expect(vacuum.status == 1 && vacuum.stderr.contains("autovacuum"), "\(vacuum.stderr)")
+        let kept = try await hopctl(["history", "--flow", "startup"], in: folder, db: url)
+        #expect(kept.status == 0, "the refused prune removed the run: \(kept.stderr)")
+        // Through HOP_DB as well as --db.
+        let status = try await run("hopctl", ["status", "--json"], environment: ["HOP_DB": url], in: folder)
+        #expect(status.status == 0 && status.stdout.contains("\"completed\""), "\(status.stderr)")
+    }
+}
