@@ -99,7 +99,7 @@ let package = Package(
         .executableTarget(
             name: "hop-bench",
             dependencies: [
-                "HopEngine", "HopStore", "CSQLite", "hopctl",
+                "HopEngine", "HopStore", "HopPostgres", "HopStoreTestSupport", "CSQLite", "hopctl",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
             ],

@@ -15,11 +15,11 @@ struct HopBench: AsyncParsableCommand {
 
     static let scenarios = [
         "durable-hops", "durable-hops-normal", "concurrent-hops", "startup-flow", "startup-flow-normal",
-        "resume", "hopctl", "parked-memory",
+        "resume", "hopctl", "parked-memory", "fleet", "durable-hops-postgres",
     ]
 
     /// Parts of scenarios that run in a process of their own.
-    static let internalScenarios = ["parked-memory-restart"]
+    static let internalScenarios = ["parked-memory-restart", "fleet-worker"]
 
     /// What the issue asks of each figure: (figure, at least, at most).
     static let targets: [String: (atLeast: Double?, atMost: Double?)] = [
@@ -46,6 +46,11 @@ struct HopBench: AsyncParsableCommand {
     @Option(help: .hidden)
     var child: String?
 
+    // A fleet worker's database, subjects' prefix and number of flows.
+    @Option(help: .hidden) var db: String?
+    @Option(help: .hidden) var prefix = "p"
+    @Option(help: .hidden) var count = 0
+
     func validate() throws {
         for name in only + (child.map { [$0] } ?? []) where !(Self.scenarios + Self.internalScenarios).contains(name) {
             throw ValidationError(
@@ -57,7 +62,11 @@ struct HopBench: AsyncParsableCommand {
         let base = URL(fileURLWithPath: folder ?? FileManager.default.temporaryDirectory.path)
         if let child {
             let scenarios = Scenarios(folder: base, quick: quick)
-            for figure in try await scenarios.run(child) { print(figure.line) }
+            let figures =
+                child == "fleet-worker"
+                ? try await scenarios.fleetWorker(database: db ?? "", prefix: prefix, count: count)
+                : try await scenarios.run(child)
+            for figure in figures { print(figure.line) }
             // Steps a scenario left in flight are not waited for: the process ends here.
             fflush(nil)
             Foundation.exit(0)

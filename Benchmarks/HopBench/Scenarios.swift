@@ -24,6 +24,8 @@ struct Scenarios {
         case "hopctl": try await hopctl()
         case "parked-memory": try await parkedMemory()
         case "parked-memory-restart": try await parkedMemoryRestart()
+        case "fleet": try await fleet()
+        case "durable-hops-postgres": try await durableHopsPostgres()
         default:
             throw BenchError(
                 "no scenario is named '\(name)'; the scenarios are \(HopBench.scenarios.joined(separator: ", "))")
@@ -126,19 +128,7 @@ struct Scenarios {
         let concurrent = durability == .full ? (quick ? 200 : 3000) : (quick ? 500 : 10000)
         let store = try await Fixtures.hopDatabase(path("\(prefix).sqlite"), durability: durability)
         let engine = engine(store)
-        engine.register(
-            Flow("startup", version: "1") { flow in
-                try await flow.hop(to: "splash")
-                if try await flow.isFirstUse("onboarding") {
-                    try await flow.hop(to: "onboarding")
-                    try await flow.markUsed("onboarding")
-                }
-                if try await flow.session() == nil {
-                    try await flow.hop(to: "login")
-                }
-                try await flow.hop(to: "main")
-            })
-        for step in ["splash", "onboarding", "login", "main"] { engine.register(step: step) { _ in } }
+        registerStartupFlow(on: engine)
         @Sendable func flow(_ subject: String) async throws {
             let run = try await engine.start("startup", subject: subject)
             let settled = try await engine.settled(runID: run.id)

@@ -12,6 +12,16 @@ import Glibc
 /// (swift-corelibs-foundation PR #5472) and crashes now and then. Blocks the calling thread.
 func spawnAndWait(_ executable: String, _ arguments: [String], stdoutPath: String?, stderrPath: String) throws -> Int32
 {
+    try waitForChild(try spawn(executable, arguments, stdoutPath: stdoutPath, stderrPath: stderrPath))
+}
+
+/// Starts this benchmark's executable with `arguments` (a scenario's part in a process of its own).
+func spawnChild(_ arguments: [String], stdoutPath: String, stderrPath: String) throws -> pid_t {
+    try spawn(Scenarios.executablePath, arguments, stdoutPath: stdoutPath, stderrPath: stderrPath)
+}
+
+/// Starts `executable` as ``spawnAndWait(_:_:stdoutPath:stderrPath:)`` does, without waiting.
+func spawn(_ executable: String, _ arguments: [String], stdoutPath: String?, stderrPath: String) throws -> pid_t {
     var actions = posix_spawn_file_actions_t()
     posix_spawn_file_actions_init(&actions)
     defer { posix_spawn_file_actions_destroy(&actions) }
@@ -23,6 +33,12 @@ func spawnAndWait(_ executable: String, _ arguments: [String], stdoutPath: Strin
     var pid: pid_t = 0
     let spawned = posix_spawn(&pid, executable, &actions, nil, argv, environ)
     guard spawned == 0 else { throw BenchError("cannot start \(executable): \(String(cString: strerror(spawned)))") }
+    return pid
+}
+
+/// Waits for child `pid` to end; returns its exit status (128 + the signal number when a signal
+/// ended it). Blocks the calling thread.
+func waitForChild(_ pid: pid_t) throws -> Int32 {
     var status: Int32 = 0
     while waitpid(pid, &status, 0) < 0 {
         guard errno == EINTR else { throw BenchError("waitpid failed: \(String(cString: strerror(errno)))") }

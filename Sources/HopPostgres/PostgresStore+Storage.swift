@@ -381,23 +381,25 @@ extension PostgresStore: HopStorage {
     /// connection, hence their process, is gone.
     @discardableResult
     package func releaseRunsOfDeadIncarnations(except own: Incarnation) async throws -> [(owner: String, runs: Int)] {
-        let owners = try await read(
-            "SELECT DISTINCT owner FROM runs WHERE owner IS NOT NULL AND status = 'running'",
-            operation: "list the engines holding runs"
+        // One statement, every poll of every engine: the holders of running runs whose lock (key:
+        // the owner value's last 16 hex digits, as AdvisoryLock takes it) no session of the server holds.
+        let dead = try await read(
+            """
+            SELECT DISTINCT r.owner FROM runs r
+            CROSS JOIN LATERAL (SELECT ('x' || right(r.owner, 16))::bit(64)::bigint AS key) AS k
+            WHERE r.owner IS NOT NULL AND r.status = 'running' AND r.owner <> $1
+                AND r.owner ~ '#[0-9a-fA-F]{16}$'
+                AND NOT EXISTS (
+                    SELECT 1 FROM pg_locks l
+                    WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+                        AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+                        AND l.classid::bigint = (k.key >> 32) & 4294967295
+                        AND l.objid::bigint = k.key & 4294967295)
+            """, [.text(own.id)], operation: "list the engines that are gone"
         ) { try $0.text(0) }
-        let provable = owners.filter { $0 != own.id && AdvisoryLock.key(ofOwner: $0) != nil }
-        guard !provable.isEmpty else { return [] }
-        let live = Set(
-            try await read(
-                """
-                SELECT classid::bigint, objid::bigint FROM pg_locks
-                WHERE locktype = 'advisory' AND objsubid = 1 AND granted
-                    AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-                """, operation: "list the live engines"
-            ) { Int64(bitPattern: UInt64(try $0.int64(0)) << 32 | UInt64(try $0.int64(1))) })
+        guard !dead.isEmpty else { return [] }
         var released: [(owner: String, runs: Int)] = []
-        for owner in provable {
-            guard let key = AdvisoryLock.key(ofOwner: owner), !live.contains(key) else { continue }
+        for owner in dead {
             let operation = "release the runs of dead engine \(owner)"
             let count = try await transaction(operation) { tx in
                 let count = try await tx.run(

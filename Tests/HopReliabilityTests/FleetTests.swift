@@ -9,7 +9,7 @@ import Testing
     static var available: Bool { TestBackend.all.contains { $0.name == "postgres" } }
 
     /// Three engines with different labels share 300 subjects' start-up flows, started over 20 s;
-    /// every 0.5–1 s one engine is SIGKILLed and a new one started. Leases are two minutes long and
+    /// every 0.5–1 s one engine is SIGKILLed and a new one started (for 20 s, and until 20 were killed). Leases are two minutes long and
     /// every run must be done within one minute of the last kill, so the runs of a killed engine
     /// move on only because its liveness lock went with it.
     @Test(.enabled(if: available))
@@ -39,14 +39,17 @@ import Testing
         var started = 0
         let begin = ContinuousClock.now
         var nextKill = begin + .milliseconds(Int.random(in: 500...1000))
-        while ContinuousClock.now - begin < period || started < subjects {
+        // At least 20 kills, however slow a loaded machine makes this loop: kills go on past the period until then.
+        let kills = 20
+        func killing() -> Bool { ContinuousClock.now - begin < period || killed.count < kills }
+        while killing() || started < subjects {
             // Runs arrive evenly over the period: each new one is claimed by whichever engine hears first.
             let due = min(subjects, Int(Double(subjects) * ((ContinuousClock.now - begin) / period)) + 1)
             while started < due {
                 _ = try await store.startRun(flow: "startup", subject: "user-\(started)", version: "1")
                 started += 1
             }
-            if ContinuousClock.now >= nextKill, ContinuousClock.now - begin < period {
+            if ContinuousClock.now >= nextKill, killing() {
                 let index = Int.random(in: 0..<engines.count)
                 killed.insert(engines[index].processIdentifier)
                 engines[index].kill()
@@ -57,7 +60,6 @@ import Testing
             }
             try await Task.sleep(for: .milliseconds(20))  // the pace of arrivals and kills, not a wait for an outcome
         }
-        #expect(killed.count >= 15, "only \(killed.count) engines were killed")
 
         try await waitUntil("every run completed", timeout: .seconds(60)) {
             let runs = try await store.runs(flow: "startup", subject: nil, limit: 1000)

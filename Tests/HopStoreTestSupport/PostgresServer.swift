@@ -75,7 +75,9 @@ public final class PostgresServer: Sendable {
 
     /// Starts a server in a new temporary folder; `nil` (said on standard error) when PostgreSQL
     /// is not installed and this is not CI.
-    public static func start() async throws -> PostgresServer? {
+    /// With `durable`, the server syncs its log at every commit as a production server does (for
+    /// measurements); else it never syncs (tests kill processes, never the machine).
+    public static func start(durable: Bool = false) async throws -> PostgresServer? {
         guard let binaries = serverBinaries() else {
             let message =
                 "PostgreSQL's server programs (initdb, pg_ctl) are not installed: run script/setup (Debian's postgresql)"
@@ -108,8 +110,9 @@ public final class PostgresServer: Sendable {
             "pg_ctl",
             [
                 "-D", folder.path("data"), "-l", folder.path("server.log"), "-w", "-t", "60", "-o",
-                // A test server: many connections (every test its stores), no fsync (tests kill processes, never the machine).
-                "-k \(folder.path("")) -p \(server.port) -c listen_addresses='' -c max_connections=500 -c fsync=off",
+                // Many connections (every test its stores); no fsync unless durable.
+                "-k \(folder.path("")) -p \(server.port) -c listen_addresses='' -c max_connections=500"
+                    + (durable ? "" : " -c fsync=off"),
                 "start",
             ])
         return server

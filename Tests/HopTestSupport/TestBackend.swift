@@ -83,17 +83,27 @@ package actor TestDatabases {
         }
         if let pid = started.postmasterPID {
             Shutdown.postmaster.store(pid, ordering: .relaxed)
+            Shutdown.folder.withLock { $0 = started.folder.path("") }
             atexit {
-                // A static's deinit never runs: the server stops with the process.
+                // A static's deinit never runs: the server stops with the process, and its folder goes.
                 let pid = Shutdown.postmaster.load(ordering: .relaxed)
-                if pid > 0 { kill(pid, SIGQUIT) }
+                guard pid > 0 else { return }
+                kill(pid, SIGQUIT)
+                // The postmaster is not this process's child: it is gone when signals no longer reach it.
+                var waited = 0
+                while kill(pid, 0) == 0 && waited < 500 {
+                    usleep(10_000)
+                    waited += 1
+                }
+                if let folder = Shutdown.folder.withLock({ $0 }) { try? FileManager.default.removeItem(atPath: folder) }
             }
         }
         return started
     }
 }
 
-/// What the exit handler stops.
+/// What the exit handler stops and removes.
 private enum Shutdown {
     static let postmaster = Atomic<Int32>(0)
+    static let folder = Mutex<String?>(nil)
 }
