@@ -55,10 +55,10 @@ import Testing
     }
 
     static func engine(
-        _ storage: HopStore, limit: Int, gate: Gate, inFlight: InFlight, permits: Permits? = nil
+        _ storage: any HopStorage, limit: Int, gate: Gate, inFlight: InFlight, permits: Permits? = nil
     ) -> HopEngine {
         let engine = HopEngine(
-            store: storage, logger: Logger(label: "bound", factory: { _ in SwiftLogNoOpLogHandler() }),
+            storage: storage, logger: Logger(label: "bound", factory: { _ in SwiftLogNoOpLogHandler() }),
             configuration: .init(engineID: "bound", maxConcurrentRuns: limit))
         engine.register(Flow("work", version: "1") { flow in try await flow.hop(to: "task") })
         engine.register(step: "task") { context in
@@ -69,9 +69,10 @@ import Testing
         return engine
     }
 
-    @Test func runsBeyondTheBoundWaitTheirTurnOldestFirst() async throws {
+    @Test(arguments: TestBackend.all)
+    func runsBeyondTheBoundWaitTheirTurnOldestFirst(backend: TestBackend) async throws {
         let folder = try TemporaryDirectory()
-        let store = try await HopStore.open(path: folder.database)
+        let store = try await backend.open(folder)
         let gate = Gate()
         let inFlight = InFlight()
         let permits = Permits()
@@ -94,9 +95,10 @@ import Testing
         #expect(inFlight.peak == 5, "more runs executed at once than the bound")
     }
 
-    @Test func aResumeClaimsOnlyFreePlacesAndTheRestFollowAsPlacesFree() async throws {
+    @Test(arguments: TestBackend.all)
+    func aResumeClaimsOnlyFreePlacesAndTheRestFollowAsPlacesFree(backend: TestBackend) async throws {
         let folder = try TemporaryDirectory()
-        let store = try await HopStore.open(path: folder.database)
+        let store = try await backend.open(folder)
         var runs: [Int64] = []
         for index in 0..<30 {
             // Unfinished runs no engine holds, as a crashed daemon leaves them.
