@@ -16,7 +16,7 @@ import Logging
 //   --version 2  the flow code of a later release: main follows splash directly.
 //   --versions 1,2  registers these versions of the flow side by side (the last is the newest, on
 //                which a new run starts); replaces --version
-//   --wait-all   (with --external) exits only once no run in the database is unfinished
+//   --wait-all   (with --external) exits only once no run in the database is unfinished (either backend)
 //   --patch      version 1's code with a patch: a terms step (in process) after onboarding, behind
 //                flow.patched("terms-screen")
 //   --code 2     registers version 2's code under the version name(s) given: flow code changed
@@ -277,8 +277,7 @@ do {
         var current = run
         func othersUnfinished() async throws -> Bool {
             guard options.waitAll else { return false }
-            guard let file = store as? HopStore else { throw UsageError("--wait-all needs a SQLite database") }
-            let runs = try await file.runs()
+            let runs = try await store.runs(flow: nil, subject: nil, limit: 100_000)
             return runs.contains { $0.status.isUnfinished }
         }
         while current.status.isUnfinished {
