@@ -11,9 +11,10 @@ import Tracing
     static let quiet = Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() })
 
     /// An engine over a fresh database whose spans go to `tracer`.
-    func tracedEngine(_ folder: TemporaryDirectory, tracer: InMemoryTracer) async throws -> HopEngine {
-        let store = try await HopStore.open(path: folder.database)
-        return HopEngine(store: store, logger: Self.quiet, configuration: .init(tracer: tracer))
+    func tracedEngine(
+        _ folder: TemporaryDirectory, backend: TestBackend, tracer: InMemoryTracer
+    ) async throws -> HopEngine {
+        HopEngine(storage: try await backend.open(folder), logger: Self.quiet, configuration: .init(tracer: tracer))
     }
 
     /// The span's `hop.outcome`, or "none".
@@ -22,10 +23,12 @@ import Tracing
         return outcome
     }
 
-    @Test func eachExecutionOfARunAndEachStepItEntersIsASpanWithTheRunsAttributesAndNoToken() async throws {
+    @Test(arguments: TestBackend.all)
+    func eachExecutionOfARunAndEachStepItEntersIsASpanWithTheRunsAttributesAndNoToken(backend: TestBackend) async throws
+    {
         let folder = try TemporaryDirectory()
         let tracer = InMemoryTracer()
-        let engine = try await tracedEngine(folder, tracer: tracer)
+        let engine = try await tracedEngine(folder, backend: backend, tracer: tracer)
         engine.register(startupFlow())
         engine.register(step: "splash") { _ in
             // Work a step traces itself is a child of the step's span.
@@ -85,11 +88,12 @@ import Tracing
         #expect(tracer.activeSpans.isEmpty, "every span ended")
     }
 
-    @Test func aFailingStepsSpanRecordsEachAttemptsErrorAndFailsWithTheRunsSpan() async throws {
+    @Test(arguments: TestBackend.all)
+    func aFailingStepsSpanRecordsEachAttemptsErrorAndFailsWithTheRunsSpan(backend: TestBackend) async throws {
         struct DeviceOffline: Error {}
         let folder = try TemporaryDirectory()
         let tracer = InMemoryTracer()
-        let engine = try await tracedEngine(folder, tracer: tracer)
+        let engine = try await tracedEngine(folder, backend: backend, tracer: tracer)
         engine.register(
             Flow("provision", version: "1") { flow in
                 try await flow.hop(to: "register")
@@ -114,10 +118,11 @@ import Tracing
         #expect((execution.errors.first?.error as? HopError)?.code == .stepFailed)
     }
 
-    @Test func aStepThatOverrunsItsDeadlineEndsItsSpanTimedOutAndTheRunGoesOn() async throws {
+    @Test(arguments: TestBackend.all)
+    func aStepThatOverrunsItsDeadlineEndsItsSpanTimedOutAndTheRunGoesOn(backend: TestBackend) async throws {
         let folder = try TemporaryDirectory()
         let tracer = InMemoryTracer()
-        let engine = try await tracedEngine(folder, tracer: tracer)
+        let engine = try await tracedEngine(folder, backend: backend, tracer: tracer)
         engine.register(
             Flow("startup", version: "1") { flow in
                 if try await flow.hop(to: "splash", timeout: .milliseconds(50)).timedOut {
