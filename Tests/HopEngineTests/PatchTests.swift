@@ -115,9 +115,10 @@ import Testing
         #expect(try await retired.settled(runID: run.id)?.status == .completed)
     }
 
-    @Test func hopctlListsThePatchesAndTheRunsThatMayStillNeedAnOldBranch() async throws {
+    @Test(arguments: TestBackend.all)
+    func hopctlListsThePatchesAndTheRunsThatMayStillNeedAnOldBranch(backend: TestBackend) async throws {
         let folder = try TemporaryDirectory()
-        let storage = try await HopStore.open(path: folder.database)
+        let storage = try await backend.open(folder)
         let old = Self.engine(storage, Self.before)
         let oldRun = try await old.start("startup", subject: "old")
         _ = try await old.settled(runID: oldRun.id)
@@ -129,7 +130,7 @@ import Testing
         try await patched.unhop(flow: "startup", subject: "new", step: "onboarding")
         _ = try await patched.settled(runID: newRun.id)
 
-        let hopctl = ["--db", folder.database, "--flow", "startup"]
+        let hopctl = ["--db", try await backend.location(folder), "--flow", "startup"]
         let list = try await run("hopctl", ["patches"] + hopctl + ["--json"], in: folder)
         #expect(list.status == 0, "\(list.stderr)")
         let patches = try #require(JSONSerialization.jsonObject(with: Data(list.stdout.utf8)) as? [[String: Any]])

@@ -16,19 +16,21 @@ import Testing
     /// Version 2 done right: the terms step behind a patch.
     static let termsPatched = Flow("startup", version: "2", variants[5])
 
-    @Test func theDemosRecordedHistoriesReplayedAgainstVersion2CatchTheUnpatchedChange() async throws {
+    @Test(arguments: TestBackend.all)
+    func theDemosRecordedHistoriesReplayedAgainstVersion2CatchTheUnpatchedChange(backend: TestBackend) async throws {
         let folder = try TemporaryDirectory()
+        let db = try await backend.location(folder)
         // One run completes; another is left parked at onboarding.
-        let done = try await run("hop-demo", ["--auto", "--db", folder.database, "--subject", "kiosk-1"], in: folder)
+        let done = try await run("hop-demo", ["--auto", "--db", db, "--subject", "kiosk-1"], in: folder)
         #expect(done.status == 0, "\(done.stdout)\(done.stderr)")
         let parked = try ChildProcess(
-            "hop-demo", ["--db", folder.database, "--subject", "kiosk-2"], directory: folder)
+            "hop-demo", ["--db", db, "--subject", "kiosk-2"], directory: folder)
         try await parked.waitForOutput("parked at onboarding")
         parked.kill(SIGTERM)
         _ = try await parked.waitForExit()
 
         let export = try await run(
-            "hopctl", ["history", "--flow", "startup", "--all-runs", "--json", "--db", folder.database], in: folder)
+            "hopctl", ["history", "--flow", "startup", "--all-runs", "--json", "--db", db], in: folder)
         #expect(export.status == 0, "\(export.stderr)")
         let recorded = Data(export.stdout.utf8)
 
