@@ -10,6 +10,7 @@ let package = Package(
         .library(name: "HopTesting", targets: ["HopTesting"]),
         .library(name: "HopPostgres", targets: ["HopPostgres"]),
         .executable(name: "hopctl", targets: ["hopctl"]),
+        .executable(name: "hopctl-postgres", targets: ["hopctl-postgres"]),
         .executable(name: "hop-demo", targets: ["hop-demo"]),
         .executable(name: "hop-bench", targets: ["hop-bench"]),
     ],
@@ -75,12 +76,22 @@ let package = Package(
             name: "HopTesting",
             dependencies: ["HopEngine"]
         ),
-        .executableTarget(
-            name: "hopctl",
+        // hopctl's commands; the hopctl executable links SQLite only (it starts in milliseconds)
+        // and hands command lines naming a PostgreSQL database to hopctl-postgres.
+        .target(
+            name: "HopctlCommands",
             dependencies: [
-                "HopStore", "HopPostgres",
+                "HopStore",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
+        ),
+        .executableTarget(
+            name: "hopctl",
+            dependencies: ["HopctlCommands"]
+        ),
+        .executableTarget(
+            name: "hopctl-postgres",
+            dependencies: ["HopctlCommands", "HopPostgres"]
         ),
         .executableTarget(
             name: "hop-demo",
@@ -99,7 +110,7 @@ let package = Package(
         .executableTarget(
             name: "hop-bench",
             dependencies: [
-                "HopEngine", "HopStore", "HopPostgres", "HopStoreTestSupport", "CSQLite", "hopctl",
+                "HopEngine", "HopStore", "HopPostgres", "HopStoreTestSupport", "CSQLite", "hopctl", "hopctl-postgres",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
             ],
@@ -156,7 +167,8 @@ let package = Package(
         .testTarget(
             name: "HopEngineTests",
             dependencies: [
-                "HopEngine", "HopTesting", "HopTestSupport", "HopPostgres", "hop-test-daemon", "hopctl", "hop-demo",
+                "HopEngine", "HopTesting", "HopTestSupport", "HopPostgres", "hop-test-daemon", "hopctl",
+                "hopctl-postgres", "hop-demo",
                 .product(name: "MetricsTestKit", package: "swift-metrics"),
                 .product(name: "InMemoryTracing", package: "swift-distributed-tracing"),
                 .product(name: "InMemoryLogging", package: "swift-log"),
@@ -164,12 +176,13 @@ let package = Package(
         ),
         .testTarget(
             name: "hopctlTests",
-            dependencies: ["HopEngine", "HopTestSupport", "hopctl", "hop-test-daemon"]
+            dependencies: ["HopEngine", "HopTestSupport", "hopctl", "hopctl-postgres", "hop-test-daemon"]
         ),
         .testTarget(
             name: "HopReliabilityTests",
             dependencies: [
                 "HopEngine", "HopStore", "CSQLite", "CHopFaultVFS", "HopTestSupport", "hop-test-faults", "hopctl",
+                "hopctl-postgres",
                 "hop-test-store", "hop-test-daemon",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "InMemoryLogging", package: "swift-log"),
@@ -177,7 +190,10 @@ let package = Package(
         ),
         .testTarget(
             name: "HopDemoTests",
-            dependencies: ["HopStore", "HopTestSupport", "hop-demo", "hop-minimal-daemon", "hopctl", "hop-test-store"]
+            dependencies: [
+                "HopStore", "HopTestSupport", "hop-demo", "hop-minimal-daemon", "hopctl", "hopctl-postgres",
+                "hop-test-store",
+            ]
         ),
     ],
     swiftLanguageModes: [.v6]

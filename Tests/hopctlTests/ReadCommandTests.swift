@@ -171,5 +171,11 @@ import Testing
         let result = try await run(copy, ["migrate", "--db", folder.path("state/hop.sqlite")], in: folder)
         #expect(result.status == 0, "\(result.stderr)")
         #expect(result.stdout.hasPrefix("schema version \(Migration.latestVersion)"))
+
+        // Alone, it cannot reach a server: it says what to install, and changes nothing.
+        let server = try await run(
+            copy, ["status", "--db", "postgres://hop:hunter2@/hop?host=/nonexistent"], in: folder)
+        #expect(server.status == 1 && server.stderr.contains("hopctl-postgres"), "\(server.stderr)")
+        #expect(!server.stderr.contains("hunter2"))
     }
 }

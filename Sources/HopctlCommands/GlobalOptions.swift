@@ -1,5 +1,4 @@
 import ArgumentParser
-import HopPostgres
 import HopStore
 import Synchronization
 
@@ -135,30 +134,52 @@ func checkIdentifier(_ value: String, as what: String) throws {
     }
 }
 
-/// The databases a command opened: a file path opens a SQLite ``HopStore``, a `postgres://` URL
-/// a `PostgresStore`, whose connections are closed before hopctl exits.
-enum OpenDatabases {
-    private static let servers = Mutex<[PostgresStore]>([])
+/// The databases a command opened: a file path opens a SQLite ``HopStore``; a `postgres://` URL
+/// a server's database, through the opener the `hopctl-postgres` executable registers (`hopctl`
+/// itself hands such a command line to it: see ``PostgresHandOff``), closed before hopctl exits.
+package enum OpenDatabases {
+    /// Opens a server's database (`url`, schema upgraded when `migrate`) and returns it with a way to close it.
+    package typealias ServerOpener =
+        @Sendable (_ url: String, _ migrate: Bool) async throws -> (
+            store: any HopAdministration, close: @Sendable () async -> Void
+        )
+
+    private static let opener = Mutex<ServerOpener?>(nil)
+    private static let closers = Mutex<[@Sendable () async -> Void]>([])
+
+    /// Makes `postgres://` locations open with `open` (the `hopctl-postgres` executable does, at start).
+    package static func register(_ open: @escaping ServerOpener) { opener.withLock { $0 = open } }
+
+    /// Whether `location` names a server's database rather than a file.
+    package static func isServerURL(_ location: String) -> Bool {
+        location.hasPrefix("postgres://") || location.hasPrefix("postgresql://")
+    }
 
     /// Opens `location`: a server's database when it is a `postgres://` URL (its schema upgraded
     /// when `migrate`, else an outdated one refused), else the file `openFile` opens.
     static func open(
         _ location: String, migrate: Bool, file openFile: () async throws -> HopStore
     ) async throws -> any HopAdministration {
-        guard PostgresURL.isPostgresURL(location) else { return try await openFile() }
-        let store = try await PostgresStore.open(url: location, migrate: migrate)
-        servers.withLock { $0.append(store) }
+        guard isServerURL(location) else { return try await openFile() }
+        guard let open = opener.withLock({ $0 }) else {
+            throw HopError(
+                .invalidInput, operation: "open the database", path: "postgres://…",
+                reason: "this hopctl cannot reach PostgreSQL: hopctl-postgres is not installed beside it",
+                hint:
+                    "Install hopctl-postgres (built with hopctl: swift build --product hopctl-postgres) in the same folder"
+            )
+        }
+        let (store, close) = try await open(location, migrate)
+        closers.withLock { $0.append(close) }
         return store
     }
 
     /// Closes the server connections opened so far.
     static func closeAll() async {
-        for store in servers.withLock({ stores in
-            defer { stores.removeAll() }
-            return stores
-        }) {
-            await store.close()
-        }
+        for close in closers.withLock({ closers in
+            defer { closers.removeAll() }
+            return closers
+        }) { await close() }
     }
 }
 

@@ -10,9 +10,9 @@ import Foundation
 import Glibc
 #endif
 
-@main
-struct Hopctl: AsyncParsableCommand {
-    static let configuration = CommandConfiguration(
+/// hopctl's commands, run by the `hopctl` and `hopctl-postgres` executables.
+package struct Hopctl: AsyncParsableCommand {
+    package static let configuration = CommandConfiguration(
         commandName: "hopctl",
         abstract: "Inspect and steer Hop flows in a Hop database, beside a running daemon.",
         discussion: """
@@ -27,8 +27,10 @@ struct Hopctl: AsyncParsableCommand {
         ]
     )
 
+    package init() {}
+
     /// Parses the command line (accepting `--db` and `--busy-timeout` before the command too) and runs it.
-    static func main() async {
+    package static func runCommandLine() async {
         do {
             try checkArgumentsAreUTF8()
             let arguments = GlobalOptions.hoisted(Array(CommandLine.arguments.dropFirst()))

@@ -1,5 +1,4 @@
 import ArgumentParser
-import HopPostgres
 import HopStore
 
 #if canImport(FoundationEssentials)
@@ -40,7 +39,7 @@ struct Copy: AsyncParsableCommand {
             try await HopStore.open(path: from, options: HopStore.Options(createIfMissing: false, migrate: false))
         }
         let snapshot = try await source.snapshot()
-        let created = !PostgresURL.isPostgresURL(to) && !FileManager.default.fileExists(atPath: to)
+        let created = !OpenDatabases.isServerURL(to) && !FileManager.default.fileExists(atPath: to)
         do {
             let target = try await OpenDatabases.open(to, migrate: true) {
                 try await HopStore.open(path: to, options: HopStore.Options(createIfMissing: true, migrate: true))

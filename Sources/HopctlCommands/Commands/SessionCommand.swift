@@ -69,13 +69,15 @@ struct SessionCommand: AsyncParsableCommand {
             } else {
                 token = Token.random(byteCount: 32)
             }
-            let expiresAt = expiresIn.flatMap(DurationText.seconds).map { Date().addingTimeInterval($0) }
+            let asked = Date()
+            let expiresAt = expiresIn.flatMap(DurationText.seconds).map { asked.addingTimeInterval($0) }
             let store = try await global.openForWriting()
             let subject = subjectOption.subject
             let woken = try await store.storeSession(subject: subject, userID: user, token: token, expiresAt: expiresAt)
             var text =
                 "stored session of \(Output.printable(user)) for \(Output.printable(subject)) (token \(StoredSession.redact(token)))"
-            text += expiresAt.map { ", expires \(Output.relative($0))" } ?? ", never expires"
+            // As asked ("in 30d"), however long opening the database took.
+            text += expiresAt.map { ", expires \(Output.relative($0, now: asked))" } ?? ", never expires"
             Output.line(text)
             for run in woken { Output.line("run \(run) was waiting for a login: it moves on") }
         }
