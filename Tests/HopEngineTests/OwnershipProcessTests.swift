@@ -6,28 +6,24 @@ import Testing
 /// One executor per run, decided by liveness, never by the engine's label: tried the way an
 /// operator does it, with real processes that share a label, are killed, restarted and frozen.
 @Suite struct OwnershipProcessTests {
-    @Test(arguments: TestBackend.all)
-    func aDaemonRestartedWithTheSameLabelAfterSIGKILLTakesEveryRunBackAtOnce(backend: TestBackend) async throws {
+    @Test func aDaemonRestartedWithTheSameLabelAfterSIGKILLTakesEveryRunBackAtOnce() async throws {
         let folder = try TemporaryDirectory()
-        let db = try await backend.location(folder)
         // A lease far longer than the test: nothing here may wait for one to expire.
-        let arguments = [
-            "--db", db, "--files", folder.database, "--mixed", "51", "--engine-id", "kiosk", "--lease", "120",
-        ]
+        let arguments = ["--db", folder.database, "--mixed", "51", "--engine-id", "kiosk", "--lease", "120"]
         let first = try ChildProcess("hop-test-daemon", arguments, keepInputOpen: true, directory: folder)
         try await first.waitForOutput("started 51", timeout: .seconds(60))
         first.kill()
         try await first.waitForExit()
 
-        let store = try await backend.open(folder)
-        let inFlight = try await store.allRuns(flow: "mixed").filter { $0.status == .running }
+        let store = try await HopStore.open(path: folder.database)
+        let inFlight = try await store.unfinishedRuns(status: .running, flows: ["mixed"])
         #expect(inFlight.count >= 17, "17 runs in a step, up to 17 in a durable sleep")
         let dead = Set(inFlight.compactMap(\.owner))
         // (A run whose timeout came just before the kill is running with no owner yet.)
         #expect(
             dead.count == 1 && inFlight.allSatisfy { $0.owner == nil || ($0.ownerLabel == "kiosk" && $0.leaseIsLive()) }
         )
-        let parked = try await store.allRuns(flow: "mixed").filter { $0.status == .parked }
+        let parked = try await store.unfinishedRuns(status: .parked, flows: ["mixed"])
         #expect(inFlight.count + parked.count >= 34, "up to 17 parked with a timeout, unless it came before the kill")
         let unfinished = Set((inFlight + parked).map(\.id))
 
@@ -37,7 +33,7 @@ import Testing
         // Ready means resumed: no run is held by the dead process any more, and every run in
         // its step (which cannot move on before the release) is held by the new one already.
         // (Sleeps and timeouts may come due meanwhile on a loaded machine, and move their runs on.)
-        let resumed = try await store.allRuns(flow: "mixed").filter { $0.status == .running }
+        let resumed = try await store.unfinishedRuns(status: .running, flows: ["mixed"])
         #expect(!resumed.contains { dead.contains($0.owner ?? "") })
         let working = resumed.filter { Int($0.subject.dropFirst("mixed-".count)).map { $0 % 3 == 0 } == true }
         #expect(working.count == 17)
@@ -48,8 +44,8 @@ import Testing
         }
         #expect(FileManager.default.createFile(atPath: folder.database + ".release", contents: nil))
         try await waitUntil("all 51 runs completed, long before a lease could expire", timeout: .seconds(30)) {
-            let running = try await store.allRuns(flow: "mixed").filter { $0.status == .running }
-            let parked = try await store.allRuns(flow: "mixed").filter { $0.status == .parked }
+            let running = try await store.unfinishedRuns(status: .running, flows: ["mixed"])
+            let parked = try await store.unfinishedRuns(status: .parked, flows: ["mixed"])
             return running.isEmpty && parked.isEmpty
         }
         for index in 0..<51 {
@@ -70,14 +66,12 @@ import Testing
         #expect(try await second.waitForExit() == 0)
     }
 
-    @Test(arguments: TestBackend.all)
-    func aFrozenOwnerLosesItsRunOnlyWhenTheLeaseExpiresAndThenWritesNothing(backend: TestBackend) async throws {
+    @Test func aFrozenOwnerLosesItsRunOnlyWhenTheLeaseExpiresAndThenWritesNothing() async throws {
         let folder = try TemporaryDirectory()
-        let db = try await backend.location(folder)
         // A: splash takes forever. B: the same label, a normal splash.
         // A lease of 3 s, renewed every second: a loaded machine (the whole suite runs at once on
         // 2 cores) must not starve A past it before the test freezes A on purpose.
-        let arguments = ["--db", db, "--files", folder.database, "--external", "--engine-id", "twin", "--lease", "3"]
+        let arguments = ["--db", folder.database, "--external", "--engine-id", "twin", "--lease", "3"]
         let owner = try ChildProcess(
             "hop-test-daemon", arguments, environment: ["HOP_TEST_SLOW_SPLASH": "1"], directory: folder)
         defer {
@@ -93,7 +87,7 @@ import Testing
             "B executed a run A holds, though A is alive and holds it under the same label")
 
         owner.kill(SIGSTOP)
-        let store = try await backend.open(folder)
+        let store = try await HopStore.open(path: folder.database)
         let held = try #require(try await store.run(id: 1))
         let expiry = try #require(held.leaseExpiresAt)
         try await other.waitForOutput("parked onboarding", timeout: .seconds(15))
@@ -111,14 +105,14 @@ import Testing
         #expect(try await store.history(runID: 1) == history)
         #expect(
             try await run(
-                "hopctl", ["unhop", "--flow", "startup", "--step", "onboarding", "--db", db], in: folder
+                "hopctl", ["unhop", "--flow", "startup", "--step", "onboarding", "--db", folder.database], in: folder
             ).status == 0)
         try await waitUntil("the run waits at login", timeout: .seconds(15)) {
             let run = try await store.run(id: 1)
             return run?.status == .parked && run?.currentStep == "login"
         }
         #expect(
-            try await run("hopctl", ["session", "login", "alice", "--db", db], in: folder).status == 0)
+            try await run("hopctl", ["session", "login", "alice", "--db", folder.database], in: folder).status == 0)
         #expect(try await other.waitForExit(timeout: .seconds(15)) == 0)
         #expect(other.stdout.contains("settled completed"))
         #expect(try await owner.waitForExit(timeout: .seconds(15)) == 0, "the thawed owner follows the run to its end")
@@ -131,25 +125,23 @@ import Testing
         #expect(final.filter { $0.kind == .effect }.count == 1)
     }
 
-    @Test(arguments: TestBackend.all)
-    func twinDaemonsWithTheSameLabelNeverExecuteARunTwice(backend: TestBackend) async throws {
+    @Test func twinDaemonsWithTheSameLabelNeverExecuteARunTwice() async throws {
         // Two copies of the example daemon (the same label, hop-demo@host) started together on a
         // fresh database, 20 times, four databases at a time.
         for batch in 0..<5 {
             try await withThrowingTaskGroup(of: Void.self) { group in
                 for attempt in 0..<4 {
-                    group.addTask { try await Self.twinStart(attempt: batch * 4 + attempt, backend: backend) }
+                    group.addTask { try await Self.twinStart(attempt: batch * 4 + attempt) }
                 }
                 try await group.waitForAll()
             }
         }
     }
 
-    private static func twinStart(attempt: Int, backend: TestBackend) async throws {
+    private static func twinStart(attempt: Int) async throws {
         let folder = try TemporaryDirectory()
-        let db = try await backend.location(folder)
         let twins = try (0..<2).map { _ in
-            try ChildProcess("hop-demo", ["--auto", "--db", db], directory: folder)
+            try ChildProcess("hop-demo", ["--auto", "--db", folder.database], directory: folder)
         }
         defer { for twin in twins { twin.kill() } }
         for twin in twins {
@@ -157,9 +149,9 @@ import Testing
             #expect(status == 0, "attempt \(attempt): \(twin.stdout)\(twin.stderr)")
             #expect(twin.stdout.contains("run 1 is completed"), "attempt \(attempt): \(twin.stdout)\(twin.stderr)")
         }
-        let store = try await backend.open(folder)
+        let store = try await HopStore.open(path: folder.database)
         #expect(
-            try await store.allRuns(flow: "startup").map(\.status) == [.completed],
+            try await store.allRuns(flow: "startup", subject: "default").map(\.status) == [.completed],
             "attempt \(attempt)")
         let history = try await store.history(runID: 1)
         let kinds = history.map { "\($0.kind.rawValue) \($0.step ?? "")" }

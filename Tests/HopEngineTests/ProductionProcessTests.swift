@@ -5,17 +5,14 @@ import Testing
 
 /// What a daemon running for months beside operators needs, shown with real processes.
 @Suite struct ProductionProcessTests {
-    @Test(arguments: TestBackend.all)
-    func aDaemonRestartedMidSleepWakesAtTheOriginalDeadline(backend: TestBackend) async throws {
+    @Test func aDaemonRestartedMidSleepWakesAtTheOriginalDeadline() async throws {
         let folder = try TemporaryDirectory()
-        let db = try await backend.location(folder)
-        let first = try ChildProcess(
-            "hop-test-daemon", ["--db", db, "--files", folder.database, "--sleep", "3"], directory: folder)
+        let first = try ChildProcess("hop-test-daemon", ["--db", folder.database, "--sleep", "3"], directory: folder)
         try await first.waitForOutput("point after:timer:sleep")
         first.kill()
         try await first.waitForExit()
 
-        let store = try await backend.open(folder)
+        let store = try await HopStore.open(path: folder.database)
         let runRecord = try #require(try await store.latestRun(flow: "startup", subject: "default"))
         let timer = try #require(try await store.history(runID: runRecord.id).first { $0.kind == .timer })
         let deadline = Date(timeIntervalSince1970: Double(try #require(timer.value.flatMap { Int64($0) })) / 1000)
@@ -23,8 +20,7 @@ import Testing
         // Restart 1.5 s after the sleep began: a fresh 3 s sleep would end 1.5 s after the original deadline.
         try await waitUntil("1.5 s have passed since the sleep began") { Date().timeIntervalSince(timer.at) >= 1.5 }
 
-        let second = try ChildProcess(
-            "hop-test-daemon", ["--db", db, "--files", folder.database, "--sleep", "3"], directory: folder)
+        let second = try ChildProcess("hop-test-daemon", ["--db", folder.database, "--sleep", "3"], directory: folder)
         try await second.waitForOutput("executing run \(runRecord.id)")
         let resumedAt = Date()  // no earlier than the real resume
         #expect(try await second.waitForExit() == 0)
@@ -41,48 +37,41 @@ import Testing
         #expect(history.filter { $0.kind == .timer }.count == 1)
     }
 
-    @Test(arguments: TestBackend.all)
-    func hopctlCancelCancelsTheTaskOfTheStepInFlightInTheDaemon(backend: TestBackend) async throws {
+    @Test func hopctlCancelCancelsTheTaskOfTheStepInFlightInTheDaemon() async throws {
         let folder = try TemporaryDirectory()
-        let db = try await backend.location(folder)
         let daemon = try ChildProcess(
-            "hop-test-daemon", ["--db", db, "--files", folder.database, "--external"],
-            environment: ["HOP_TEST_SLOW_SPLASH": "1"],
+            "hop-test-daemon", ["--db", folder.database, "--external"], environment: ["HOP_TEST_SLOW_SPLASH": "1"],
             directory: folder)
         defer { daemon.kill() }
         try await daemon.waitForOutput("point after:hop:splash")
-        let cancel = try await run("hopctl", ["cancel", "--flow", "startup", "--db", db], in: folder)
+        let cancel = try await run("hopctl", ["cancel", "--flow", "startup", "--db", folder.database], in: folder)
         #expect(cancel.status == 0, "\(cancel.stderr)")
         try await daemon.waitForOutput("settled cancelled", timeout: .seconds(10))
         try await waitUntil("the splash task sees its cancellation", timeout: .seconds(10)) {
             ((try? String(contentsOfFile: folder.database + ".bodies", encoding: .utf8)) ?? "").contains(
                 "1 splash-cancelled")
         }
-        let store = try await backend.open(folder)
+        let store = try await HopStore.open(path: folder.database)
         let history = try await store.history(runID: 1)
         #expect(history.map(\.kind) == [.hop, .cancel])
         #expect(try await store.run(id: 1)?.status == .cancelled)
     }
 
-    @Test(arguments: TestBackend.all)
-    func aSecondDaemonLeavesLeasedRunsAloneAndTakesThemOverWhenTheOwnerDies(backend: TestBackend) async throws {
+    @Test func aSecondDaemonLeavesLeasedRunsAloneAndTakesThemOverWhenTheOwnerDies() async throws {
         let folder = try TemporaryDirectory()
-        let db = try await backend.location(folder)
         let owner = try ChildProcess(
-            "hop-test-daemon",
-            ["--db", db, "--files", folder.database, "--external", "--engine-id", "A", "--lease", "1"],
+            "hop-test-daemon", ["--db", folder.database, "--external", "--engine-id", "A", "--lease", "1"],
             environment: ["HOP_TEST_SLOW_SPLASH": "1"], directory: folder)
         defer { owner.kill() }
         try await owner.waitForOutput("point after:hop:splash")
 
         let other = try ChildProcess(
-            "hop-test-daemon",
-            ["--db", db, "--files", folder.database, "--external", "--engine-id", "B", "--lease", "1"],
+            "hop-test-daemon", ["--db", folder.database, "--external", "--engine-id", "B", "--lease", "1"],
             directory: folder)
         defer { other.kill() }
         try await other.waitForOutput("ready")
         #expect(!other.stdout.contains("executing run 1"), "B executed a run A holds")
-        let store = try await backend.open(folder)
+        let store = try await HopStore.open(path: folder.database)
         #expect(try await store.run(id: 1)?.ownerLabel == "A")
 
         owner.kill()
@@ -94,21 +83,19 @@ import Testing
         #expect(try await store.history(runID: 1).filter { $0.kind == .hop && $0.step == "splash" }.count == 1)
     }
 
-    @Test(arguments: TestBackend.all)
-    func aLogoutFromHopctlReRoutesTheFlowBackThroughLogin(backend: TestBackend) async throws {
+    @Test func aLogoutFromHopctlReRoutesTheFlowBackThroughLogin() async throws {
         let folder = try TemporaryDirectory()
-        let db = try await backend.location(folder)
-        let store = try await backend.open(folder)
+        let store = try await HopStore.open(path: folder.database)
         try await store.markUsed(subject: "default", feature: "onboarding")
         let daemon = try ChildProcess(
-            "hop-test-daemon", ["--db", db, "--files", folder.database, "--external", "--reroute"], directory: folder)
+            "hop-test-daemon", ["--db", folder.database, "--external", "--reroute"], directory: folder)
         defer { daemon.kill() }
         try await daemon.waitForOutput("parked login")
         #expect(
-            try await run("hopctl", ["session", "login", "alice", "--db", db], in: folder).status == 0)
+            try await run("hopctl", ["session", "login", "alice", "--db", folder.database], in: folder).status == 0)
         try await daemon.waitForOutput("parked main", timeout: .seconds(10))
 
-        let logout = try await run("hopctl", ["session", "logout", "--db", db], in: folder)
+        let logout = try await run("hopctl", ["session", "logout", "--db", folder.database], in: folder)
         #expect(logout.stdout.contains("run 1 was re-routed by the logout"), "\(logout.stdout)")
         // How soon is hop-bench's to measure; here: the running daemon notices the logout by itself.
         try await waitUntil("the daemon parks at login again", timeout: .seconds(10)) {

@@ -10,11 +10,10 @@ import Testing
 @Suite struct ProductionTests {
     static let quiet = Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() })
 
-    @Test(arguments: TestBackend.all)
-    func aStepThatOverrunsItsTimeoutIsCancelledAndTheFlowTakesItsTimeoutBranch(backend: TestBackend) async throws {
+    @Test func aStepThatOverrunsItsTimeoutIsCancelledAndTheFlowTakesItsTimeoutBranch() async throws {
         let folder = try TemporaryDirectory()
-        let store = try await backend.open(folder)
-        let engine = HopEngine(storage: store, logger: Self.quiet)
+        let store = try await HopStore.open(path: folder.database)
+        let engine = HopEngine(store: store, logger: Self.quiet)
         let cancelled = Mutex(false)
         engine.register(
             Flow("startup", version: "1") { flow in
@@ -36,22 +35,21 @@ import Testing
             try await path(of: run.id, in: store) == ["hop splash", "timeout splash", "hop offline", "unhop offline"])
     }
 
-    @Test(arguments: TestBackend.all)
-    func aParkedStepTimesOutAtItsStoredDeadlineEvenAfterAnEngineRestart(backend: TestBackend) async throws {
+    @Test func aParkedStepTimesOutAtItsStoredDeadlineEvenAfterAnEngineRestart() async throws {
         let folder = try TemporaryDirectory()
         let flow = Flow("startup", version: "1") { flow in
             if try await flow.hop(to: "onboarding", timeout: .milliseconds(300)).timedOut {
                 try await flow.hop(to: "main")
             }
         }
-        let first = try await startupEngine(folder, backend: backend, flow: flow)
+        let first = try await startupEngine(folder, flow: flow)
         let run = try await first.start("startup")
         #expect(try await first.settled(runID: run.id)?.status == .parked)
         let parked = try #require(try await first.storage.run(id: run.id))
         let wakeAt = try #require(parked.wakeAt)
 
         // A new engine (the daemon restarted) times the step out at the stored deadline.
-        let second = try await startupEngine(folder, backend: backend, flow: flow)
+        let second = try await startupEngine(folder, flow: flow)
         let service = Task { try await second.run() }
         defer { service.cancel() }
         try await waitUntil("the run completes", timeout: .seconds(10)) {
@@ -91,10 +89,9 @@ import Testing
         #expect(try await store.integrityCheck() == ["ok"])
     }
 
-    @Test(arguments: TestBackend.all)
-    func parkedRunsHoldNoTaskAndWakeFromHistoryWhenUnhoppedByAnotherConnection(backend: TestBackend) async throws {
+    @Test func parkedRunsHoldNoTaskAndWakeFromHistoryWhenUnhoppedByAnotherConnection() async throws {
         let folder = try TemporaryDirectory()
-        let engine = try await startupEngine(folder, backend: backend)
+        let engine = try await startupEngine(folder)
         let service = Task { try await engine.run() }
         defer { service.cancel() }
         var runs: [RunRecord] = []
@@ -102,15 +99,12 @@ import Testing
         for run in runs { #expect(try await engine.settled(runID: run.id)?.status == .parked) }
         #expect(await engine.executingCount == 0)
 
-        let operator_ = try await backend.open(folder)
+        let operator_ = try await HopStore.open(path: folder.database)
         for subject in 0..<200 {
-            _ = try await operator_.unhopParked(
-                flow: "startup", subject: "user-\(subject)", step: "onboarding", output: nil)
+            _ = try await operator_.unhopParked(flow: "startup", subject: "user-\(subject)", step: "onboarding")
         }
         try await waitUntil("every run parks at login", timeout: .seconds(10)) {
-            try await operator_.runs(flow: "startup", subject: nil, limit: 1000).allSatisfy {
-                $0.currentStep == "login" && $0.status == .parked
-            }
+            try await operator_.runs(flow: "startup").allSatisfy { $0.currentStep == "login" && $0.status == .parked }
         }
         // Parked again, each run lets its task go (just after its park is committed).
         try await waitUntil("no run holds a task", timeout: .seconds(10)) { await engine.executingCount == 0 }

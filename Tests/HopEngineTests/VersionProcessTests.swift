@@ -5,22 +5,19 @@ import Testing
 
 /// Flow versions side by side in real daemon processes, across SIGKILL and a new build.
 @Suite struct VersionProcessTests {
-    @Test(arguments: TestBackend.all)
-    func runsOfTwoVersionsInFlightAcrossASIGKILLEachFinishOnTheirOwnVersion(backend: TestBackend) async throws {
+    @Test func runsOfTwoVersionsInFlightAcrossASIGKILLEachFinishOnTheirOwnVersion() async throws {
         let folder = try TemporaryDirectory()
-        let db = try await backend.location(folder)
-        let store = try await backend.open(folder)
+        let store = try await HopStore.open(path: folder.database)
         // The old build (version 1 only) parks kiosk-1 at onboarding and is killed.
         let old = try ChildProcess(
-            "hop-test-daemon", ["--db", db, "--files", folder.database, "--external", "--subject", "kiosk-1"],
-            directory: folder)
+            "hop-test-daemon", ["--db", folder.database, "--external", "--subject", "kiosk-1"], directory: folder)
         try await old.waitForOutput("parked onboarding")
         old.kill()
         _ = try await old.waitForExit()
 
         // The new build registers version 2 beside version 1; kiosk-2's run starts on version 2 and
         // the process is killed between two of its steps.
-        let newBuild = ["--db", db, "--files", folder.database, "--external", "--versions", "1,2"]
+        let newBuild = ["--db", folder.database, "--external", "--versions", "1,2"]
         let first = try ChildProcess(
             "hop-test-daemon", newBuild + ["--subject", "kiosk-2"],
             environment: ["HOP_TEST_KILL_AT": "after:unhop:splash"],
@@ -36,7 +33,7 @@ import Testing
             ["unhop", "--flow", "startup", "--subject", "kiosk-1", "--step", "onboarding"],
             ["session", "login", "alice", "--subject", "kiosk-1"],
         ] {
-            let result = try await run("hopctl", arguments + ["--db", db], in: folder)
+            let result = try await run("hopctl", arguments + ["--db", folder.database], in: folder)
             #expect(result.status == 0, "\(arguments): \(result.stderr)")
         }
 
@@ -58,31 +55,28 @@ import Testing
         }
     }
 
-    @Test(arguments: TestBackend.all)
-    func hopctlShowsWhereARunDivergedAndAForkFromTheLastAgreeingEntryCompletesIt(backend: TestBackend) async throws {
+    @Test func hopctlShowsWhereARunDivergedAndAForkFromTheLastAgreeingEntryCompletesIt() async throws {
         let folder = try TemporaryDirectory()
-        let db = try await backend.location(folder)
-        let first = try ChildProcess(
-            "hop-test-daemon", ["--db", db, "--files", folder.database, "--external"], directory: folder)
+        let first = try ChildProcess("hop-test-daemon", ["--db", folder.database, "--external"], directory: folder)
         try await first.waitForOutput("parked onboarding")
         first.kill()
         _ = try await first.waitForExit()
-        let hopctl = ["--db", db, "--flow", "startup"]
+        let hopctl = ["--db", folder.database, "--flow", "startup"]
         let unhop = try await run("hopctl", ["unhop", "--step", "onboarding"] + hopctl, in: folder)
         #expect(unhop.status == 0, "\(unhop.stderr)")
         // Version 1's code changed in place: main follows splash.
-        let changed = ["--db", db, "--files", folder.database, "--version", "1", "--code", "2"]
+        let changed = ["--db", folder.database, "--version", "1", "--code", "2"]
         let diverging = try await run("hop-test-daemon", changed, in: folder)
         #expect(diverging.stdout.contains("settled diverged"), "\(diverging.stdout)\(diverging.stderr)")
 
         let status = try await run(
-            "hopctl", ["status", "--status", "diverged", "--json", "--db", db], in: folder)
+            "hopctl", ["status", "--status", "diverged", "--json", "--db", folder.database], in: folder)
         let rows = try #require(try JSONSerialization.jsonObject(with: Data(status.stdout.utf8)) as? [[String: Any]])
         let diverged = try #require(rows.first?["diverged"] as? [String: Any], "\(status.stdout)")
         #expect(
             rows.count == 1 && diverged["code_version"] as? String == "1" && diverged["run_version"] as? String == "1")
         let entry = try #require((diverged["entry"] as? NSNumber)?.int64Value)
-        let table = try await run("hopctl", ["status", "--status", "diverged", "--db", db], in: folder)
+        let table = try await run("hopctl", ["status", "--status", "diverged", "--db", folder.database], in: folder)
         #expect(table.stdout.contains("DIVERGED AT") && table.stdout.contains("entry \(entry)"), "\(table.stdout)")
 
         let fork = try await run("hopctl", ["fork", "--from", "\(entry - 1)", "--json"] + hopctl, in: folder)
@@ -94,35 +88,31 @@ import Testing
         let bodies = (try? String(contentsOfFile: folder.database + ".bodies", encoding: .utf8)) ?? ""
         #expect(!bodies.contains("\(newRun) splash"), "splash ran again in the forked run: \(bodies)")
         #expect(bodies.contains("\(newRun) main"), "\(bodies)")
-        let empty = try await run("hopctl", ["status", "--status", "diverged", "--db", db], in: folder)
+        let empty = try await run("hopctl", ["status", "--status", "diverged", "--db", folder.database], in: folder)
         #expect(empty.stdout.isEmpty && empty.stderr.contains("no diverged runs"), "\(empty.stdout)\(empty.stderr)")
 
         let refused = try await run("hopctl", ["fork", "--from", "99"] + hopctl, in: folder)
         #expect(refused.status != 0 && refused.stderr.contains("has no entry 99"), "\(refused.stderr)")
     }
 
-    @Test(arguments: TestBackend.all)
-    func aPatchDeployedWhileRunsWaitKeepsRunsPastItOnTheOldBranchAcrossASIGKILL(backend: TestBackend) async throws {
+    @Test func aPatchDeployedWhileRunsWaitKeepsRunsPastItOnTheOldBranchAcrossASIGKILL() async throws {
         let folder = try TemporaryDirectory()
-        let db = try await backend.location(folder)
-        let store = try await backend.open(folder)
-        let hopctl = ["--db", db, "--flow", "startup"]
+        let store = try await HopStore.open(path: folder.database)
+        let hopctl = ["--db", folder.database, "--flow", "startup"]
         func steer(_ arguments: [String], flow: Bool = true) async throws {
-            let result = try await run("hopctl", arguments + (flow ? hopctl : ["--db", db]), in: folder)
+            let result = try await run("hopctl", arguments + (flow ? hopctl : ["--db", folder.database]), in: folder)
             #expect(result.status == 0, "\(arguments): \(result.stderr)")
         }
         // The build before the patch: user-0 gets past the patch's place (to login), user-1 waits before it.
         let past = try ChildProcess(
-            "hop-test-daemon", ["--db", db, "--files", folder.database, "--external", "--subject", "user-0"],
-            directory: folder)
+            "hop-test-daemon", ["--db", folder.database, "--external", "--subject", "user-0"], directory: folder)
         try await past.waitForOutput("parked onboarding")
         try await steer(["unhop", "--step", "onboarding", "--subject", "user-0"])
         try await past.waitForOutput("parked login")
         past.kill()
         _ = try await past.waitForExit()
         let before = try ChildProcess(
-            "hop-test-daemon", ["--db", db, "--files", folder.database, "--external", "--subject", "user-1"],
-            directory: folder)
+            "hop-test-daemon", ["--db", folder.database, "--external", "--subject", "user-1"], directory: folder)
         try await before.waitForOutput("parked onboarding")
         before.kill()
         _ = try await before.waitForExit()
@@ -132,9 +122,7 @@ import Testing
         }
 
         // The patched build, killed right after the first marker is recorded, then started again.
-        let patched = [
-            "--db", db, "--files", folder.database, "--external", "--patch", "--subject", "user-2", "--wait-all",
-        ]
+        let patched = ["--db", folder.database, "--external", "--patch", "--subject", "user-2", "--wait-all"]
         let killed = try ChildProcess(
             "hop-test-daemon", patched, environment: ["HOP_TEST_KILL_AT": "after:patch:terms-screen"], directory: folder
         )

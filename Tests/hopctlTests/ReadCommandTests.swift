@@ -33,12 +33,10 @@ import Testing
         #expect(try await HopStore.open(path: folder.database).session(subject: "kiosk")?.userID == "bob")
     }
 
-    @Test(arguments: TestBackend.all)
-    func statusListsOneLinePerRunAsATableAndAsJSON(backend: TestBackend) async throws {
+    @Test func statusListsOneLinePerRunAsATableAndAsJSON() async throws {
         let folder = try TemporaryDirectory()
-        let db = try await backend.location(folder)
-        try await completedStartup(folder, db: db)
-        let table = try await hopctl(["status"], in: folder, db: db)
+        try await completedStartup(folder)
+        let table = try await hopctl(["status"], in: folder)
         #expect(table.status == 0)
         let lines = table.stdout.split(separator: "\n")
         #expect(lines.count == 2)
@@ -49,7 +47,7 @@ import Testing
         #expect(lines[1].contains("startup") && lines[1].contains("completed") && lines[1].contains("ago"))
 
         let json = try #require(
-            try await hopctlJSON(["status", "--flow", "startup", "--subject", "default"], in: folder, db: db)
+            try await hopctlJSON(["status", "--flow", "startup", "--subject", "default"], in: folder)
                 as? [[String: Any]])
         #expect(json.count == 1)
         #expect(
@@ -58,27 +56,22 @@ import Testing
                 "lease_live", "diverged",
             ])
         #expect(json[0]["status"] as? String == "completed" && json[0]["flow"] as? String == "startup")
-        #expect(try await hopctlJSON(["status", "--subject", "nobody"], in: folder, db: db) as? [Any] != nil)
+        #expect(try await hopctlJSON(["status", "--subject", "nobody"], in: folder) as? [Any] != nil)
     }
 
-    @Test(arguments: TestBackend.all)
-    func statusSaysWhichVersionARunNoEngineHoldsWaitsFor(backend: TestBackend) async throws {
+    @Test func statusSaysWhichVersionARunNoEngineHoldsWaitsFor() async throws {
         let folder = try TemporaryDirectory()
-        let db = try await backend.location(folder)
-        let store = try await backend.open(folder)
+        let store = try await HopStore.open(path: folder.database)
         _ = try await store.startRun(flow: "startup", subject: "kiosk-1", version: "1")
-        let result = try await hopctl(["status"], in: folder, db: db)
+        let result = try await hopctl(["status"], in: folder)
         #expect(result.status == 0, "\(result.stderr)")
         #expect(result.stdout.contains("- (waits for an engine with version 1)"), "\(result.stdout)")
     }
 
-    @Test(arguments: TestBackend.all)
-    func historyPrintsTheRunsEntriesInOrder(backend: TestBackend) async throws {
+    @Test func historyPrintsTheRunsEntriesInOrder() async throws {
         let folder = try TemporaryDirectory()
-        let db = try await backend.location(folder)
-        try await completedStartup(folder, db: db)
-        let json = try #require(
-            try await hopctlJSON(["history", "--flow", "startup"], in: folder, db: db) as? [String: Any])
+        try await completedStartup(folder)
+        let json = try #require(try await hopctlJSON(["history", "--flow", "startup"], in: folder) as? [String: Any])
         let entries = try #require(json["entries"] as? [[String: Any]])
         #expect(entries.compactMap { $0["seq"] as? Int } == Array(1...12))
         #expect(entries.first?["kind"] as? String == "hop" && entries.first?["step"] as? String == "splash")
@@ -86,61 +79,52 @@ import Testing
         #expect(Set(entries[0].keys) == ["seq", "kind", "step", "value", "at"])
 
         let limited = try #require(
-            try await hopctlJSON(["history", "--flow", "startup", "--limit", "2"], in: folder, db: db) as? [String: Any]
-        )
+            try await hopctlJSON(["history", "--flow", "startup", "--limit", "2"], in: folder) as? [String: Any])
         #expect((limited["entries"] as? [[String: Any]])?.compactMap { $0["seq"] as? Int } == [11, 12])
-        let byID = try await hopctl(["history", "--flow", "startup", "--run", "1"], in: folder, db: db)
+        let byID = try await hopctl(["history", "--flow", "startup", "--run", "1"], in: folder)
         #expect(byID.status == 0 && byID.stdout.contains("run 1 of startup for default: completed"))
-        let table = try await hopctl(["history", "--flow", "startup"], in: folder, db: db)
+        let table = try await hopctl(["history", "--flow", "startup"], in: folder)
         #expect(table.stdout.contains("markUsed(onboarding)"))
     }
 
-    @Test(arguments: TestBackend.all)
-    func firstUseListAndSessionShowRedactTheTokenUnlessAsked(backend: TestBackend) async throws {
+    @Test func firstUseListAndSessionShowRedactTheTokenUnlessAsked() async throws {
         let folder = try TemporaryDirectory()
-        let db = try await backend.location(folder)
-        try await completedStartup(folder, db: db)
-        let flags = try #require(try await hopctlJSON(["first-use", "list"], in: folder, db: db) as? [[String: Any]])
+        try await completedStartup(folder)
+        let flags = try #require(try await hopctlJSON(["first-use", "list"], in: folder) as? [[String: Any]])
         #expect(flags.map { $0["feature"] as? String } == ["onboarding"])
 
-        let shown = try await hopctl(["session", "show"], in: folder, db: db)
+        let shown = try await hopctl(["session", "show"], in: folder)
         #expect(shown.status == 0 && shown.stdout.contains("alice"))
         #expect(!shown.stdout.contains("token-of-alice"))
-        let json = try #require(try await hopctlJSON(["session", "show"], in: folder, db: db) as? [String: Any])
+        let json = try #require(try await hopctlJSON(["session", "show"], in: folder) as? [String: Any])
         #expect(json["user_id"] as? String == "alice" && json["token_redacted"] as? Bool == true)
         #expect(!(json["token"] as? String ?? "").contains("token-of-alice"))
-        let revealed = try await hopctl(["session", "show", "--reveal-token"], in: folder, db: db)
+        let revealed = try await hopctl(["session", "show", "--reveal-token"], in: folder)
         #expect(revealed.stdout.contains("token-of-alice"))
     }
 
-    @Test(arguments: TestBackend.all)
-    func graphDrawsTheObservedHopsWithCounts(backend: TestBackend) async throws {
+    @Test func graphDrawsTheObservedHopsWithCounts() async throws {
         let folder = try TemporaryDirectory()
-        let db = try await backend.location(folder)
-        try await completedStartup(folder, db: db)
-        try await completedStartup(folder, db: db)
-        let mermaid = try await hopctl(["graph", "--flow", "startup"], in: folder, db: db)
+        try await completedStartup(folder)
+        try await completedStartup(folder)
+        let mermaid = try await hopctl(["graph", "--flow", "startup"], in: folder)
         #expect(mermaid.status == 0)
         #expect(mermaid.stdout.hasPrefix("flowchart LR"))
         #expect(mermaid.stdout.contains("start -->|2| n1") && mermaid.stdout.contains("n1[\"splash\"]"))
-        let dot = try await hopctl(["graph", "--flow", "startup", "--format", "dot"], in: folder, db: db)
+        let dot = try await hopctl(["graph", "--flow", "startup", "--format", "dot"], in: folder)
         #expect(dot.stdout.contains("\"splash\" -> \"main\" [label=\"1\"];"))
         #expect(dot.stdout.contains("\"splash\" -> \"onboarding\" [label=\"1\"];"))
-        let edges = try #require(
-            try await hopctlJSON(["graph", "--flow", "startup"], in: folder, db: db) as? [[String: Any]])
+        let edges = try #require(try await hopctlJSON(["graph", "--flow", "startup"], in: folder) as? [[String: Any]])
         #expect(edges.count == 5)
     }
 
-    @Test(arguments: TestBackend.all)
-    func humanOutputCarriesNoControlCharacters(backend: TestBackend) async throws {
+    @Test func humanOutputCarriesNoControlCharacters() async throws {
         let folder = try TemporaryDirectory()
-        let db = try await backend.location(folder)
-        let store = try await backend.open(folder)
+        let store = try await HopStore.open(path: folder.database)
         let (run, _) = try await store.startRun(flow: "startup", subject: "default", version: "1")
         try await store.recordHop(runID: run.id, step: "splash")
-        try await store.recordError(
-            runID: run.id, step: "splash", message: "bad \u{1B}[31mred\u{07} text", final: true, owner: nil)
-        let result = try await hopctl(["history", "--flow", "startup"], in: folder, db: db)
+        try await store.recordError(runID: run.id, step: "splash", message: "bad \u{1B}[31mred\u{07} text", final: true)
+        let result = try await hopctl(["history", "--flow", "startup"], in: folder)
         #expect(result.status == 0)
         #expect(!result.stdout.unicodeScalars.contains { $0.properties.generalCategory == .control && $0 != "\n" })
         #expect(result.stdout.contains("\\u{1b}[31mred"))

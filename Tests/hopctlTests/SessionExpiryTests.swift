@@ -50,17 +50,15 @@ import Testing
             "a refusal stores nothing")
     }
 
-    @Test(arguments: TestBackend.all)
-    func anExpiringSessionReRoutesAStepThatLastsWhileASessionIsStoredAsALogoutDoes(backend: TestBackend) async throws {
+    @Test func anExpiringSessionReRoutesAStepThatLastsWhileASessionIsStoredAsALogoutDoes() async throws {
         let folder = try TemporaryDirectory()
-        let db = try await backend.location(folder)
-        let store = try await backend.open(folder)
+        let store = try await HopStore.open(path: folder.database)
         try await store.markUsed(subject: "default", feature: "onboarding")
         let daemon = try ChildProcess(
-            "hop-test-daemon", ["--db", db, "--external", "--reroute"], directory: folder)
+            "hop-test-daemon", ["--db", folder.database, "--external", "--reroute"], directory: folder)
         defer { daemon.kill() }
         try await daemon.waitForOutput("parked login")
-        #expect(try await hopctl(["session", "login", "alice", "--expires-in", "2s"], in: folder, db: db).status == 0)
+        #expect(try await hopctl(["session", "login", "alice", "--expires-in", "2s"], in: folder).status == 0)
         try await daemon.waitForOutput("parked main", timeout: .seconds(10))
         let expiry = try #require(try await store.session(subject: "default")?.expiresAt)
 
@@ -77,22 +75,20 @@ import Testing
             ])
         #expect(
             history.last { $0.kind == .decision && $0.step == "session" }?.value == "null", "the flow saw no session")
-        let show = try await hopctl(["session", "show"], in: folder, db: db)
+        let show = try await hopctl(["session", "show"], in: folder)
         #expect(show.stdout.contains("no session stored"), "\(show.stdout)")
     }
 
-    @Test(arguments: TestBackend.all)
-    func aSessionThatExpiredWhileNoDaemonRanReRoutesTheRunWhenTheDaemonStarts(backend: TestBackend) async throws {
+    @Test func aSessionThatExpiredWhileNoDaemonRanReRoutesTheRunWhenTheDaemonStarts() async throws {
         let folder = try TemporaryDirectory()
-        let db = try await backend.location(folder)
-        let store = try await backend.open(folder)
+        let store = try await HopStore.open(path: folder.database)
         try await store.markUsed(subject: "default", feature: "onboarding")
         let first = try ChildProcess(
-            "hop-test-daemon", ["--db", db, "--external", "--reroute"], directory: folder)
+            "hop-test-daemon", ["--db", folder.database, "--external", "--reroute"], directory: folder)
         try await first.waitForOutput("parked login")
         // An expiry of 3 s: the daemon is killed well before it, even on a machine loaded by the
         // whole suite (with 1 s, a slow kill let the daemon itself see the expiry first).
-        #expect(try await hopctl(["session", "login", "alice", "--expires-in", "3s"], in: folder, db: db).status == 0)
+        #expect(try await hopctl(["session", "login", "alice", "--expires-in", "3s"], in: folder).status == 0)
         try await first.waitForOutput("parked main", timeout: .seconds(10))
         first.kill()
         try await first.waitForExit()
@@ -103,7 +99,7 @@ import Testing
         #expect(try await store.run(id: 1)?.currentStep == "main", "nothing moved the run while no daemon ran")
 
         let second = try ChildProcess(
-            "hop-test-daemon", ["--db", db, "--external", "--reroute"], directory: folder)
+            "hop-test-daemon", ["--db", folder.database, "--external", "--reroute"], directory: folder)
         defer { second.kill() }
         try await second.waitForOutput("parked login", timeout: .seconds(10))
         let kinds = try await store.history(runID: 1).filter { $0.kind != .takeover }.map {
@@ -112,10 +108,9 @@ import Testing
         #expect(kinds.suffix(4) == ["hop main", "reroute main", "decision session", "hop login"], "\(kinds)")
     }
 
-    @Test(arguments: TestBackend.all)
-    func aSessionAlreadyExpiredIsRefusedByTheStoreAndWakesNoLoginStep(backend: TestBackend) async throws {
+    @Test func aSessionAlreadyExpiredIsRefusedByTheStoreAndWakesNoLoginStep() async throws {
         let folder = try TemporaryDirectory()
-        let store = try await backend.open(folder)
+        let store = try await HopStore.open(path: folder.database)
         let run = try await store.startRun(flow: "startup", subject: "default", version: "1").run
         try await store.recordHop(runID: run.id, step: "login", parks: true, wakeOn: .sessionStored)
         let refused = await #expect(throws: HopError.self) {
