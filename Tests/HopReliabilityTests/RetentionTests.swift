@@ -10,7 +10,8 @@ import Testing
         let folder = try TemporaryDirectory()
         let migrate = try await run("hopctl", ["migrate", "--db", folder.database], in: folder)
         #expect(migrate.status == 0, "\(migrate.stderr)")
-        let fill = try await run("hop-test-store", ["fill-finished", folder.database, "100000", "60"], in: folder)
+        let fill = try await run(
+            "hop-test-store", ["fill-finished", folder.database, "100000", "60"], in: folder, timeout: .seconds(300))
         #expect(fill.status == 0, "\(fill.stderr)")
         let subjects = (0..<20).map { "user-\($0)" }
         let daemon = try ChildProcess(
