@@ -286,3 +286,68 @@ import Testing
 struct CacheError: Error, CustomStringConvertible {
     var description: String { "the cache is unreadable" }
 }
+
+// Serialized: each case blocks one of the cooperative pool's threads (two on two cores) for a moment.
+@Suite(.serialized) struct WhereCodeRunsTests {
+    /// Code of the daemon's that blocks its thread, as synchronous I/O would.
+    final class Blocker: Sendable {
+        let entered = Atomic<Bool>(false)
+        let released = Atomic<Bool>(false)
+        let returned = Atomic<Bool>(false)
+
+        /// Blocks the calling thread until released (20 s at most).
+        func block() {
+            entered.store(true, ordering: .relaxed)
+            let deadline = ContinuousClock.now.advanced(by: .seconds(20))
+            while !released.load(ordering: .relaxed) && ContinuousClock.now < deadline { usleep(1_000) }
+            returned.store(true, ordering: .relaxed)
+        }
+    }
+
+    /// A flow body runs on the SQLite store's thread; a step, a `decide` read and a transition
+    /// hook are the daemon's code and run on the cooperative pool. If any of them ran on the
+    /// store's thread, blocking it would stop every other run's reads and records until it returned.
+    @Test(arguments: ["step", "decision", "transition"])
+    func daemonCodeThatBlocksItsThreadDoesNotHoldUpAnotherRunsDatabaseWork(blocking: String) async throws {
+        let folder = try TemporaryDirectory()
+        let engine = HopEngine(
+            storage: try await TestBackend.sqlite.open(folder),
+            logger: Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() }))
+        let blocker = Blocker()
+        defer { blocker.released.store(true, ordering: .relaxed) }
+        engine.register(
+            Flow(
+                "blocking", version: "1",
+                transition: { _ in
+                    if blocking == "transition" { blocker.block() }
+                }
+            ) { flow in
+                _ = try await flow.decide("slow") { () -> Bool in
+                    if blocking == "decision" { blocker.block() }
+                    return true
+                }
+                try await flow.hop(to: "slow")
+            })
+        engine.register(step: "slow") { _ in
+            if blocking == "step" { blocker.block() }
+        }
+        engine.register(
+            Flow("quick", version: "1") { flow in
+                if try await flow.isFirstUse("tour") { try await flow.markUsed("tour") }
+                try await flow.hop(to: "instant")
+            })
+        engine.register(step: "instant") { _ in }
+
+        let slow = try await engine.start("blocking", subject: "a")
+        try await waitUntil("the blocking code runs", timeout: .seconds(10)) {
+            blocker.entered.load(ordering: .relaxed)
+        }
+        let quick = try await engine.start("quick", subject: "b")
+        let settled = try await engine.settled(runID: quick.id)
+        #expect(settled?.status == .completed)
+        let stillBlocked = !blocker.returned.load(ordering: .relaxed)
+        #expect(stillBlocked, "the quick run completed only after the blocking code returned")
+        blocker.released.store(true, ordering: .relaxed)
+        #expect(try await engine.settled(runID: slow.id)?.status == .completed)
+    }
+}

@@ -118,32 +118,88 @@ extension HopStore {
         #expect(try await other.history(runID: run.id).count == 1)
 
         try await store.recordDecision(runID: run.id, name: "b", value: "2", durability: .coalesced)
-        async let waited: Void = store.waitUntilDurable()
+        async let waited: Void = store.waitUntilDurable(runID: run.id)
         try await store.recordHop(runID: run.id, step: "next")  // commits it
         try await waited
         #expect(try await other.history(runID: run.id).map(\.step) == ["a", "b", "next"])
         try await store.makeDurable()  // nothing open: nothing to do
     }
 
-    @Test func aFailingCoalescedWriteIsUndoneAloneAndChangesNothing() async throws {
+    @Test func aCoalescedWriteThatRefusesFailsAloneAndChangesNothing() async throws {
         let folder = try TemporaryDirectory()
         let store = try await Self.holdingStore(folder)
         let run = try await store.startRun(flow: "f", subject: "s", version: "1").run
         try await store.recordDecision(runID: run.id, name: "kept", value: "1", durability: .coalesced)
-        await #expect(throws: HopError.self) {
-            try await store.write(.coalesced, "write then fail", runID: run.id) { tx in
-                try tx.append(runID: run.id, .decision, step: "half-written", value: "2", operation: "write then fail")
-                throw tx.refuse(.refused, "write then fail", "failing on purpose")
-            }
-        }
+        // Refused before it changes anything: a stale token, a run held elsewhere.
         await #expect(throws: HopError.self) {
             try await store.recordUnhop(runID: run.id, token: "stale", owner: nil, durability: .coalesced)
+        }
+        await #expect(throws: HopError.self) {
+            try await store.recordDecision(
+                runID: run.id, name: "fenced", value: "2", owner: "another", durability: .coalesced)
         }
         try await store.recordDecision(runID: run.id, name: "after", value: "3", durability: .coalesced)
         try await store.makeDurable()
         let other = try await Self.elsewhere(folder)
         #expect(try await other.history(runID: run.id).map(\.step) == ["kept", "after"])
         #expect(try await other.integrityCheck() == ["ok"])
+    }
+
+    @Test func aCoalescedWriteThatFailsAfterChangingSomethingLosesTheOpenTransactionWhole() async throws {
+        let folder = try TemporaryDirectory()
+        let store = try await Self.holdingStore(folder)
+        let run = try await store.startRun(flow: "f", subject: "s", version: "1").run
+        let neighbour = try await store.startRun(flow: "f", subject: "t", version: "1").run
+        try await store.recordDecision(runID: neighbour.id, name: "durable", value: "0")
+        try await store.recordDecision(runID: run.id, name: "kept", value: "1", durability: .coalesced)
+        try await store.recordDecision(runID: neighbour.id, name: "pending", value: "1", durability: .coalesced)
+        // Fails half-way, as a full disk or an I/O error would after its first statement.
+        await #expect(throws: HopError.self) {
+            try await store.write(.coalesced, "write then fail", runID: run.id) { tx in
+                try tx.append(runID: run.id, .decision, step: "half-written", value: "2", operation: "write then fail")
+                throw tx.refuse(.ioFailure, "write then fail", "failing on purpose")
+            }
+        }
+        // Nothing of the open transaction holds: no half-written write, and the records before it
+        // are lost with it, never kept without those after them.
+        let other = try await Self.elsewhere(folder)
+        #expect(try await other.history(runID: run.id).isEmpty)
+        #expect(try await other.history(runID: neighbour.id).map(\.step) == ["durable"])
+        #expect(try await store.history(runID: run.id).isEmpty)
+        // Both runs resume from their durable history: released, and refused until claimed again.
+        for id in [run.id, neighbour.id] {
+            #expect(try await other.run(id: id)?.owner == nil)
+            let refused = await #expect(throws: HopError.self) {
+                try await store.recordDecision(runID: id, name: "again", value: "3", durability: .coalesced)
+            }
+            #expect(refused?.code == .ioFailure)
+            await #expect(throws: HopError.self) { try await store.waitUntilDurable(runID: id) }
+        }
+        _ = try await store.claim(
+            runIDs: [run.id, neighbour.id], owner: "engine", until: Date().addingTimeInterval(60))
+        try await store.recordDecision(runID: run.id, name: "again", value: "3", owner: "engine")
+        #expect(try await other.history(runID: run.id).map(\.step) == ["again"])
+        #expect(try await other.integrityCheck() == ["ok"])
+    }
+
+    @Test func aRunCreatedInATransactionThatIsLostIsNeverReportedDurableAndItsIdIsNotHandedOutAgain() async throws {
+        let folder = try TemporaryDirectory()
+        let store = try await Self.holdingStore(folder)
+        let created = try await store.startRun(
+            flow: "f", subject: "s", version: "1", owner: "engine", until: Date().addingTimeInterval(60),
+            durability: .coalesced
+        ).run
+        await #expect(throws: HopError.self) {
+            try await store.write(.coalesced, "write then fail", runID: created.id) { tx in
+                try tx.append(
+                    runID: created.id, .decision, step: "half-written", value: "2", operation: "write then fail")
+                throw tx.refuse(.ioFailure, "write then fail", "failing on purpose")
+            }
+        }
+        await #expect(throws: HopError.self) { try await store.waitUntilDurable(runID: created.id) }
+        #expect(try await store.run(id: created.id) == nil)
+        let next = try await store.startRun(flow: "f", subject: "s", version: "1").run
+        #expect(next.id > created.id, "the lost run's id \(created.id) was handed out again")
     }
 
     @Test func aWriteOfARunWhoseCoalescedWritesWereLostIsRefusedUntilTheRunIsClaimedAgain() async throws {

@@ -32,7 +32,7 @@ extension HopEngine {
             return
         }
         let executor = RunExecutor(run: run, definition: definition, environment: environment, claimed: claimed)
-        executing[run.id] = Task { [self] in
+        executing[run.id] = Task(executorPreference: environment.storage.flowExecutor) { [self] in
             let settlement = await executor.execute()
             await self.didSettle(run.id, settlement)
         }

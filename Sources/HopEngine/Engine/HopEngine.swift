@@ -144,7 +144,7 @@ public actor HopEngine {
         } else if run.status == .running {
             execute(run)
         }
-        try await storage.waitUntilDurable()
+        try await storage.waitUntilDurable(runID: run.id)
         return run
     }
 

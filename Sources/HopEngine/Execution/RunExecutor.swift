@@ -123,7 +123,8 @@ final class RunExecutor: FlowExecution {
         let from = replay.withLock { $0.lastStep }
         let hook = transition ?? definition.transition
         if let hook {
-            try await hook(Transition(flow: run.flow, subject: run.subject, runID: run.id, from: from, to: step))
+            let transition = Transition(flow: run.flow, subject: run.subject, runID: run.id, from: from, to: step)
+            try await Self.onThePool { try await hook(transition) }
         }
         let (parks, wakeOn) = try hopKind(of: step)
         let deadline = timeout.map { Date().addingTimeInterval($0.timeInterval) }
@@ -169,8 +170,16 @@ final class RunExecutor: FlowExecution {
         if wait > 0 { try await Task.sleep(for: Self.sleepDuration(seconds: wait)) }
     }
 
-    /// A decision: the recorded value, or `read`'s value, recorded.
+    /// A decision of the flow's own: the recorded value, or `read`'s value (read on the
+    /// cooperative pool: it is the daemon's code), recorded.
     func decide<T: Codable & Sendable>(_ name: String, _ read: @Sendable () async throws -> T) async throws -> T {
+        try await decideStored(name) { try await Self.onThePool(read) }
+    }
+
+    /// A decision: the recorded value, or `read`'s value, recorded.
+    private func decideStored<T: Codable & Sendable>(
+        _ name: String, _ read: @Sendable () async throws -> T
+    ) async throws -> T {
         if let recorded = try replay.withLock({ try $0.consume(.decision, name) }) {
             return try JSONCoding.decode(
                 T.self, from: recorded.value ?? "null", what: "the recorded decision '\(name)'")
@@ -186,14 +195,14 @@ final class RunExecutor: FlowExecution {
 
     /// Whether the subject has never used `feature`, read once and recorded as a decision.
     func isFirstUse(_ feature: String) async throws -> Bool {
-        try await decide(Self.firstUseDecision(feature)) { [storage, subject = run.subject] in
+        try await decideStored(Self.firstUseDecision(feature)) { [storage, subject = run.subject] in
             try await storage.isFirstUse(subject: subject, feature: feature)
         }
     }
 
     /// The subject's session without its token, read once and recorded as a decision.
     func session() async throws -> SessionInfo? {
-        try await decide(Self.sessionDecision) { [storage, subject = run.subject] in
+        try await decideStored(Self.sessionDecision) { [storage, subject = run.subject] in
             try await storage.session(subject: subject).map {
                 SessionInfo(userID: $0.userID, createdAt: $0.createdAt, expiresAt: $0.expiresAt)
             }
@@ -202,7 +211,7 @@ final class RunExecutor: FlowExecution {
 
     /// The daemon's fact `key` about the subject, read once and recorded as a decision.
     func fact(_ key: String) async throws -> String? {
-        try await decide(Self.factDecision(key)) { [storage, subject = run.subject] in
+        try await decideStored(Self.factDecision(key)) { [storage, subject = run.subject] in
             try await storage.fact(subject: subject, key: key)
         }
     }
@@ -330,6 +339,16 @@ final class RunExecutor: FlowExecution {
             }
         }
         return .settled
+    }
+
+    // MARK: Where code runs
+
+    /// Runs the daemon's own code (a step's body, a transition hook, a decision's read) on
+    /// Swift's cooperative pool. A flow body runs on the store's thread where the store has one
+    /// (``HopStorage/flowExecutor``), beside the database; code that may block or compute at
+    /// length must not hold that thread.
+    static func onThePool<T: Sendable>(_ body: () async throws -> T) async throws -> T {
+        try await withTaskExecutorPreference(globalConcurrentExecutor) { try await body() }
     }
 
     // MARK: Time

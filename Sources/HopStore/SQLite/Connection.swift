@@ -149,6 +149,19 @@ final class Connection {
 
     var lastInsertedRowID: Int64 { sqlite3_last_insert_rowid(handle) }
 
+    /// How many rows the connection's statements have inserted, updated or deleted since it
+    /// opened, less those rolled back to a savepoint: a write that leaves it unchanged changed nothing.
+    var totalChanges: Int64 { sqlite3_total_changes64(handle) - undoneChanges }
+    private var undoneChanges: Int64 = 0
+
+    /// The lowest id a new run may take (0: any): one above every run whose records this store
+    /// lost in a failed commit, so that a lost run's id never names another run.
+    var runIDFloor: Int64 = 0
+
+    /// Counts the changes made since `mark` (a ``totalChanges``) as undone: a savepoint taken
+    /// at `mark` was rolled back.
+    func undoChanges(since mark: Int64) { undoneChanges += totalChanges - mark }
+
     // MARK: Transactions
 
     /// Runs `body` in one write transaction, begun IMMEDIATE so that the write lock is taken

@@ -7,41 +7,96 @@ import Foundation
 import Glibc
 #endif
 
-/// A serial executor that runs a ``HopStore``'s work on a thread of its own.
+/// The store's thread: a serial executor that runs a ``HopStore``'s work, and a task executor
+/// (``flowExecutor``) on which the engine runs flow bodies, on one thread of its own.
 ///
 /// SQLite calls block: an fsync takes milliseconds, a busy wait up to the busy timeout.
-/// Running them here keeps them off Swift's cooperative pool.
+/// Running them here keeps them off Swift's cooperative pool. A flow body that runs here too
+/// reaches the store without a thread hand-off: its calls and their results are jobs of this
+/// thread's queue, where on the cooperative pool each would wake a thread and put another to
+/// sleep (the engine runs steps on the pool: they are the daemon's work, which may block).
 final class StoreExecutor: SerialExecutor, @unchecked Sendable {
-    // @unchecked: `queue` and `stopping` are only touched while `condition` is locked.
-    private let condition = ThreadCondition()
-    private var queue: [UnownedJob] = []
-    private var blocks: [() -> Void] = []
-    private var stopping = false
+    // @unchecked: its only state is the queue, which locks.
+    private let jobs: JobQueue
+    /// The task executor that runs flow bodies on this thread (`Task(executorPreference:)`).
+    let flowExecutor: FlowExecutor
 
     /// - Throws: when the system refuses a new thread (too many threads or processes).
     init(name: String) throws {
-        try startThread(named: name) { [self] in self.loop() }
+        let jobs = JobQueue()
+        self.jobs = jobs
+        flowExecutor = FlowExecutor(jobs: jobs)
+        try startThread(named: name) { jobs.loop() }
     }
 
     func enqueue(_ job: consuming ExecutorJob) {
-        let job = UnownedJob(job)
-        condition.lock()
-        queue.append(job)
-        condition.signal()
-        condition.unlock()
+        jobs.append(.isolated(UnownedJob(job), asUnownedSerialExecutor()))
     }
 
     /// Runs `block` on the executor's thread and returns its result.
     func perform<T: Sendable>(_ block: @escaping @Sendable () throws -> T) async throws -> T {
         try await withCheckedThrowingContinuation { continuation in
-            condition.lock()
-            blocks.append { continuation.resume(with: Result { try block() }) }
-            condition.signal()
-            condition.unlock()
+            jobs.append(.block { continuation.resume(with: Result { try block() }) })
+        }
+    }
+
+    /// Runs `work` as a job of `flowExecutor` once `delay` has passed, in place of the work
+    /// an earlier call set that has not run yet. The thread waits for it itself: no task
+    /// sleeps, so no timer thread wakes it.
+    func setTimer(after delay: Duration, _ work: @escaping @Sendable () async -> Void) {
+        let executor = flowExecutor
+        jobs.setTimer(at: ContinuousClock.now.advanced(by: delay)) {
+            Task(executorPreference: executor) { await work() }
         }
     }
 
     /// Lets the thread end once the work already queued has run.
+    func stop() { jobs.stop() }
+
+    /// The task executor side of the store's thread: jobs of tasks that prefer it and are not
+    /// isolated to an actor of their own (a flow body, the engine's run bookkeeping).
+    final class FlowExecutor: TaskExecutor, @unchecked Sendable {
+        // @unchecked: it only hands jobs to the queue, which locks.
+        private let jobs: JobQueue
+
+        fileprivate init(jobs: JobQueue) { self.jobs = jobs }
+
+        func enqueue(_ job: consuming ExecutorJob) {
+            jobs.append(.onThread(UnownedJob(job), asUnownedTaskExecutor()))
+        }
+    }
+}
+
+/// The queue of the store's thread and the loop that runs it.
+private final class JobQueue: @unchecked Sendable {
+    // @unchecked: `queue` and `stopping` are only touched while `condition` is locked.
+    enum Work {
+        /// A job isolated to the store (its actor).
+        case isolated(UnownedJob, UnownedSerialExecutor)
+        /// A job of a task that prefers the store's thread, run there but isolated to nothing.
+        case onThread(UnownedJob, UnownedTaskExecutor)
+        case block(() -> Void)
+    }
+
+    private let condition = ThreadCondition()
+    private var queue: [Work] = []
+    private var stopping = false
+    private var timer: (deadline: ContinuousClock.Instant, work: () -> Void)?
+
+    func append(_ work: Work) {
+        condition.lock()
+        queue.append(work)
+        condition.signal()
+        condition.unlock()
+    }
+
+    func setTimer(at deadline: ContinuousClock.Instant, _ work: @escaping () -> Void) {
+        condition.lock()
+        timer = (deadline, work)
+        condition.signal()
+        condition.unlock()
+    }
+
     func stop() {
         condition.lock()
         stopping = true
@@ -54,31 +109,47 @@ final class StoreExecutor: SerialExecutor, @unchecked Sendable {
     /// saves a sleep and a wake-up of the thread per write.
     private static let spin: Duration = .microseconds(50)
 
-    private func loop() {
+    func loop() {
+        var batch: [Work] = []
         while true {
             condition.lock()
-            if queue.isEmpty && blocks.isEmpty && !stopping {
+            if queue.isEmpty && !stopping {
                 let deadline = ContinuousClock.now.advanced(by: Self.spin)
-                while queue.isEmpty && blocks.isEmpty && !stopping && ContinuousClock.now < deadline {
+                while queue.isEmpty && !stopping && ContinuousClock.now < deadline {
                     condition.unlock()
                     sched_yield()
                     condition.lock()
                 }
             }
-            while queue.isEmpty && blocks.isEmpty && !stopping {
-                condition.wait()
+            var due: (() -> Void)?
+            while queue.isEmpty && !stopping {
+                guard let timer else {
+                    condition.wait()
+                    continue
+                }
+                let now = ContinuousClock.now
+                if timer.deadline <= now {
+                    due = timer.work
+                    self.timer = nil
+                    break
+                }
+                condition.wait(for: now.duration(to: timer.deadline))
             }
-            if queue.isEmpty && blocks.isEmpty {
+            if queue.isEmpty && due == nil {
                 condition.unlock()
                 return
             }
-            let jobs = queue
-            let work = blocks
-            queue.removeAll(keepingCapacity: true)
-            blocks.removeAll(keepingCapacity: true)
+            swap(&batch, &queue)
             condition.unlock()
-            for block in work { block() }
-            for job in jobs { job.runSynchronously(on: asUnownedSerialExecutor()) }
+            due?()
+            for work in batch {
+                switch work {
+                case .isolated(let job, let executor): job.runSynchronously(on: executor)
+                case .onThread(let job, let executor): job.runSynchronously(on: executor)
+                case .block(let block): block()
+                }
+            }
+            batch.removeAll(keepingCapacity: true)
         }
     }
 }
@@ -91,7 +162,12 @@ final class ThreadCondition: @unchecked Sendable {
 
     init() {
         pthread_mutex_init(mutex, nil)
-        pthread_cond_init(variable, nil)
+        // Timed waits count on the monotonic clock, which the wall clock's changes do not move.
+        var attributes = pthread_condattr_t()
+        pthread_condattr_init(&attributes)
+        pthread_condattr_setclock(&attributes, CLOCK_MONOTONIC)
+        pthread_cond_init(variable, &attributes)
+        pthread_condattr_destroy(&attributes)
     }
 
     deinit {
@@ -105,6 +181,22 @@ final class ThreadCondition: @unchecked Sendable {
     func unlock() { pthread_mutex_unlock(mutex) }
     /// Waits, with the lock held, until signalled (or spuriously woken: check the condition again).
     func wait() { pthread_cond_wait(variable, mutex) }
+
+    /// Waits, with the lock held, until signalled or `duration` has passed (or spuriously woken).
+    func wait(for duration: Duration) {
+        var deadline = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &deadline)
+        let (seconds, attoseconds) = duration.components
+        var nanoseconds = Int(deadline.tv_nsec) + Int(attoseconds / 1_000_000_000)
+        var wholeSeconds = Int(deadline.tv_sec) + Int(clamping: min(seconds, 1 << 31))
+        if nanoseconds >= 1_000_000_000 {
+            nanoseconds -= 1_000_000_000
+            wholeSeconds += 1
+        }
+        deadline.tv_sec = wholeSeconds
+        deadline.tv_nsec = nanoseconds
+        pthread_cond_timedwait(variable, mutex, &deadline)
+    }
     func signal() { pthread_cond_signal(variable) }
 }
 

@@ -8,9 +8,12 @@
 ///   by the first such write) and its caller resumes without waiting for a commit. The next
 ///   `.now` commit commits it too; otherwise it commits ``HopStore/Options/commitDelay`` later.
 ///
-/// Every write runs alone or in a savepoint of its own: one that throws is undone alone and
-/// changes nothing. What is durable is always a prefix of what was applied: a crash or a failed
-/// commit loses the open transaction's writes together, never one without those applied after it.
+/// A write that throws changes nothing. A write refuses (a fence, a stale token, a finished
+/// run) before it changes anything, so in a shared transaction it needs no savepoint: it is
+/// undone alone only where it changed something before it failed (a full disk, an I/O error),
+/// and there the open transaction is lost with it. What is durable is always a prefix of what
+/// was applied: a crash or a failed commit loses the open transaction's writes together, never
+/// one without those applied after it.
 extension HopStore {
     struct PendingWrite {
         let operation: String
@@ -84,29 +87,30 @@ extension HopStore {
         }
     }
 
-    /// Applies `body` in the open write transaction (beginning one), in a savepoint of its own.
+    /// Applies `body` in the open write transaction (beginning one).
     private func coalesced<T>(_ operation: String, runID: Int64?, _ body: (WriteTransaction) throws -> T) throws -> T {
         if open == nil {
             try connection.run("BEGIN IMMEDIATE", [], operation: operation)
             transactionsOpened += 1
             let number = transactionsOpened
             open = OpenTransaction(number: number)
-            Task {
-                try? await Task.sleep(for: commitDelay)
-                if open?.number == number { commitOpen(operation: "commit coalesced writes") }
-            }
+            executor.setTimer(after: commitDelay) { [weak self] in await self?.commitDue(number) }
         }
+        let changes = connection.totalChanges
         do {
-            try connection.run("SAVEPOINT hop_write", [], operation: operation)
             let result = try body(WriteTransaction(connection: connection, operation: operation))
-            try connection.run("RELEASE hop_write", [], operation: operation)
             open?.writes += 1
             if let runID { open?.runs.insert(runID) }
             return result
         } catch {
-            undoSavepoint(operation: operation, after: error)
+            if connection.totalChanges != changes || !connection.isInTransaction { loseOpen(after: error) }
             throw error
         }
+    }
+
+    /// Commits open transaction `number` if it is still open: its commit delay has passed.
+    private func commitDue(_ number: Int) {
+        if open?.number == number { commitOpen(operation: "commit coalesced writes") }
     }
 
     /// Commits the open transaction now, if one is open: every write applied so far is durable
@@ -117,9 +121,17 @@ extension HopStore {
 
     /// Waits until every write applied so far is durable: committed with the next durable
     /// write, or ``Options/commitDelay`` after the first coalesced one at the latest.
-    package func waitUntilDurable() async throws {
+    /// - Throws: when the writes of run `runID` were lost to a failed commit, before or while it waits.
+    package func waitUntilDurable(runID: Int64) async throws {
+        if lostRuns.contains(runID) { throw lostRecords(runID, operation: "wait for run \(runID) to be durable") }
         guard open != nil else { return }
         try await withCheckedThrowingContinuation { open?.waiters.append($0) }
+    }
+
+    /// Counts run `runID` among the runs with a write in the open transaction, if one is open:
+    /// a failed commit then loses its writes (a run created there, say) like theirs.
+    func holdsWrites(of runID: Int64) {
+        open?.runs.insert(runID)
     }
 
     /// Commits every pending write in one transaction: the open one, or one of its own
@@ -169,11 +181,11 @@ extension HopStore {
         for (write, failure) in zip(batch, failures) { write.finish(failure) }
     }
 
-    /// Applies `batch` in the open transaction, each write in a savepoint, and commits them all.
+    /// Applies `batch` in the open transaction and commits them all.
     private func flushIntoOpen(_ batch: [PendingWrite], operation: String) {
         let failures: [(any Error)?]
         do {
-            failures = try applyEachInSavepoint(batch)
+            failures = try applyEachRefusingAlone(batch)
         } catch {
             loseOpen(after: error)
             for write in batch { write.finish(error) }
@@ -219,6 +231,7 @@ extension HopStore {
         for waiter in transaction.waiters { waiter.resume(throwing: error) }
         guard !transaction.runs.isEmpty else { return }
         lostRuns.formUnion(transaction.runs)
+        if let highest = transaction.runs.max() { connection.runIDFloor = max(connection.runIDFloor, highest + 1) }
         logger.error(
             "a commit failed: the latest records of \(transaction.runs.count) runs were lost; they resume from their durable history",
             metadata: ["hop.error": "\(error)"])
@@ -243,15 +256,24 @@ extension HopStore {
         lostRuns.subtract(runIDs)
     }
 
-    /// Undoes the current write's savepoint after `error`. When SQLite has rolled the whole
-    /// transaction back by itself (a full disk, an I/O error), the open transaction is lost.
-    private func undoSavepoint(operation: String, after error: any Error) {
-        if connection.isInTransaction, (try? connection.run("ROLLBACK TO hop_write", [], operation: operation)) != nil,
-            (try? connection.run("RELEASE hop_write", [], operation: operation)) != nil
-        {
-            return
+    /// Applies each write of `batch` in the current transaction, without savepoints; returns
+    /// each one's error. A write that refused changed nothing and fails alone. Throws when a
+    /// write failed after it changed something, or SQLite rolled the transaction back: then no
+    /// write of the batch, nor any before it in the transaction, holds.
+    private func applyEachRefusingAlone(_ batch: [PendingWrite]) throws -> [(any Error)?] {
+        var failures: [(any Error)?] = []
+        failures.reserveCapacity(batch.count)
+        for write in batch {
+            let changes = connection.totalChanges
+            do {
+                try write.apply(connection)
+                failures.append(nil)
+            } catch {
+                guard connection.totalChanges == changes, connection.isInTransaction else { throw error }
+                failures.append(error)
+            }
         }
-        loseOpen(after: error)
+        return failures
     }
 
     /// Applies each write of `batch` in a savepoint of its own; returns each one's error.

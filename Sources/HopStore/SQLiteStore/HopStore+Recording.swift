@@ -24,7 +24,9 @@ extension HopStore {
         let operation =
             writes.count == 1 ? writes[0].operation(runID: runID) : "record \(writes.count) entries of run \(runID)"
         return try await write(durability, operation, runID: runID) { tx in
-            try writes.map { try tx.record($0, runID: runID, owner: owner) }
+            guard writes.count > 1 else { return try writes.map { try tx.record($0, runID: runID, owner: owner) } }
+            // A later write may refuse after an earlier one changed the run: all or none.
+            return try tx.atomically { try writes.map { try tx.record($0, runID: runID, owner: owner) } }
         }
     }
 
@@ -133,23 +135,28 @@ extension WriteTransaction {
         let event = try append(
             runID: runID, .hop, step: step, token: token, value: deadlineValue, touchesRun: false,
             operation: operation)
-        try self.run(
-            """
-            UPDATE runs SET current_step = ?2, current_token = ?3, status = ?4, wake_on = ?5, wake_at = ?6,
-                owner = CASE WHEN ?7 THEN NULL ELSE owner END,
-                lease_expires_at = CASE WHEN ?7 THEN NULL ELSE lease_expires_at END,
-                updated_at = ?8
-            WHERE id = ?1
-            """,
-            [
-                .integer(runID), .text(step), .text(token),
-                .text(parks ? RunStatus.parked.rawValue : RunStatus.running.rawValue),
-                .optional(parks ? wakeOn?.rawValue : nil),
-                .optional(parks ? deadline.map(Clock.milliseconds) : nil),
-                .integer(parks ? 1 : 0), .integer(Clock.nowMilliseconds()),
-            ],
-            operation: operation)
-        if parks, let wakeOn { try endIfAlreadyWoken(runID: runID, wakeOn: wakeOn, operation: operation) }
+        if parks {
+            // Parked: held by no engine until an unhop, a change or its deadline wakes it.
+            try self.run(
+                """
+                UPDATE runs SET current_step = ?2, current_token = ?3, status = \(RunStatus.parked.sql), wake_on = ?4,
+                    wake_at = ?5, owner = NULL, lease_expires_at = NULL, updated_at = ?6
+                WHERE id = ?1
+                """,
+                [
+                    .integer(runID), .text(step), .text(token), .optional(wakeOn?.rawValue),
+                    .optional(deadline.map(Clock.milliseconds)), .integer(Clock.nowMilliseconds()),
+                ],
+                operation: operation)
+            if let wakeOn { try endIfAlreadyWoken(runID: runID, wakeOn: wakeOn, operation: operation) }
+        } else {
+            // A running run stays running, held and unscheduled: only the step changes, so the
+            // indexes on status, owner and wake-up time are not rewritten.
+            try self.run(
+                "UPDATE runs SET current_step = ?2, current_token = ?3, updated_at = ?4 WHERE id = ?1",
+                [.integer(runID), .text(step), .text(token), .integer(Clock.nowMilliseconds())],
+                operation: operation)
+        }
         return event
     }
 

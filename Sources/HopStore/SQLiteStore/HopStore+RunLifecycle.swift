@@ -29,8 +29,7 @@ extension HopStore {
                 flow: flow, subject: subject, version: version, owner: owner, until: until, operation: operation)
             return (run, true)
         }
-        // A run whose records were lost may leave its id to the new one.
-        if started.created { forgetLostRuns([started.run.id]) }
+        if started.created, durability == .coalesced { holdsWrites(of: started.run.id) }
         return started
     }
 
@@ -71,8 +70,6 @@ extension HopStore {
                 operation: operation)
             return try tx.insertRun(flow: flow, subject: subject, version: chosen, operation: operation)
         }
-        // A run whose records were lost may leave its id to the new one.
-        forgetLostRuns([run.id])
         return run
     }
 

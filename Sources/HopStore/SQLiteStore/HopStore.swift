@@ -61,8 +61,9 @@ public actor HopStore {
         }
     }
 
-    private nonisolated let executor: StoreExecutor
     /// The store's own thread, where all its SQLite work runs.
+    nonisolated let executor: StoreExecutor
+    /// The store's thread, as the actor's executor.
     public nonisolated var unownedExecutor: UnownedSerialExecutor { executor.asUnownedSerialExecutor() }
 
     let connection: Connection
@@ -170,6 +171,9 @@ extension HopStore {
 extension HopStore: HopStorage {
     /// The database file.
     package nonisolated var location: String { path }
+
+    /// The store's thread: flow bodies run there, beside the database (see `StoreExecutor`).
+    package nonisolated var flowExecutor: (any TaskExecutor)? { executor.flowExecutor }
 
     /// A number that changes whenever another connection commits to the database
     /// (`PRAGMA data_version`): a cheap way to notice changes made by other processes.

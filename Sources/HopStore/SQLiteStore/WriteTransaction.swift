@@ -27,6 +27,25 @@ struct WriteTransaction {
         try connection.queryOne(sql, arguments, operation: operation, map)
     }
 
+    /// Runs `body` in a savepoint: when it throws, what it changed is undone and the
+    /// transaction goes on as before it.
+    func atomically<T>(_ body: () throws -> T) throws -> T {
+        try run("SAVEPOINT hop_writes", [], operation: operation)
+        let mark = connection.totalChanges
+        do {
+            let result = try body()
+            try run("RELEASE hop_writes", [], operation: operation)
+            return result
+        } catch {
+            if connection.isInTransaction, (try? run("ROLLBACK TO hop_writes", [], operation: operation)) != nil,
+                (try? run("RELEASE hop_writes", [], operation: operation)) != nil
+            {
+                connection.undoChanges(since: mark)
+            }
+            throw error
+        }
+    }
+
     func refuse(_ code: HopError.Code, _ operation: String, _ reason: String, hint: String? = nil) -> HopError {
         HopError(code, operation: operation, path: path, reason: reason, hint: hint)
     }
@@ -49,13 +68,21 @@ extension WriteTransaction {
         }
         let event = try append(
             runID: run.id, kind, step: step, token: token, value: value, touchesRun: false, operation: operation)
-        try connection.run(
-            """
-            UPDATE runs SET current_step = NULL, current_token = NULL, wake_on = NULL, wake_at = NULL, status = \(RunStatus.running.sql),
-                updated_at = ?2
-            WHERE id = ?1
-            """,
-            [.integer(run.id), .integer(Clock.nowMilliseconds())], operation: operation)
+        if run.status == .running {
+            // A step of a running run (never scheduled to wake): only the step changes, so the
+            // indexes on status and wake-up time are not rewritten.
+            try connection.run(
+                "UPDATE runs SET current_step = NULL, current_token = NULL, updated_at = ?2 WHERE id = ?1",
+                [.integer(run.id), .integer(Clock.nowMilliseconds())], operation: operation)
+        } else {
+            try connection.run(
+                """
+                UPDATE runs SET current_step = NULL, current_token = NULL, wake_on = NULL, wake_at = NULL,
+                    status = \(RunStatus.running.sql), updated_at = ?2
+                WHERE id = ?1
+                """,
+                [.integer(run.id), .integer(Clock.nowMilliseconds())], operation: operation)
+        }
         return event
     }
 
@@ -112,14 +139,18 @@ extension WriteTransaction {
         flow: String, subject: String, version: String, owner: String? = nil, until: Date? = nil, operation: String
     ) throws -> RunRecord {
         let now = Clock.nowMilliseconds()
+        // A new run never takes the id of a run whose records were lost (see `Connection.runIDFloor`):
+        // SQLite would otherwise hand the id of a rolled-back insert out again.
         try connection.run(
             """
-            INSERT INTO runs (flow, subject, flow_version, status, created_at, updated_at, owner, last_owner, lease_expires_at)
-            VALUES (?1, ?2, ?3, \(RunStatus.running.sql), ?4, ?4, ?5, ?5, ?6)
+            INSERT INTO runs (id, flow, subject, flow_version, status, created_at, updated_at, owner, last_owner, lease_expires_at)
+            VALUES (
+                CASE WHEN ?7 > 0 THEN max(?7, (SELECT coalesce(max(id), 0) + 1 FROM runs)) END,
+                ?1, ?2, ?3, \(RunStatus.running.sql), ?4, ?4, ?5, ?5, ?6)
             """,
             [
                 .text(flow), .text(subject), .text(version), .integer(now), owner.map(SQLValue.text) ?? .null,
-                until.map { .integer(Clock.milliseconds($0)) } ?? .null,
+                until.map { .integer(Clock.milliseconds($0)) } ?? .null, .integer(connection.runIDFloor),
             ], operation: operation)
         return try requireRun(connection.lastInsertedRowID, operation: operation)
     }

@@ -25,6 +25,10 @@ import Foundation
 package protocol HopStorage: Sendable {
     /// Where the data lives, for logs and messages (a file path, or a URL without its password).
     var location: String { get }
+    /// Where the engine runs flow bodies: a store whose work runs on a thread of its own offers
+    /// that thread, so that a body's reads and records reach it without a thread hand-off;
+    /// `nil` runs them on Swift's cooperative pool. Steps always run on the pool.
+    var flowExecutor: (any TaskExecutor)? { get }
 
     // MARK: Liveness and change notification
 
@@ -37,8 +41,9 @@ package protocol HopStorage: Sendable {
 
     /// Commits every coalesced write applied so far (``WriteDurability/coalesced``) now.
     func makeDurable() async throws
-    /// Waits until every write applied so far is durable, without forcing a commit.
-    func waitUntilDurable() async throws
+    /// Waits until every write applied so far is durable, without forcing a commit; throws when
+    /// the writes of run `runID` (its creation, say) were lost to a failed commit.
+    func waitUntilDurable(runID: Int64) async throws
 
     // MARK: Run lifecycle
 
