@@ -69,7 +69,7 @@ final class StoreExecutor: SerialExecutor, @unchecked Sendable {
 
 /// The queue of the store's thread and the loop that runs it.
 private final class JobQueue: @unchecked Sendable {
-    // @unchecked: `queue` and `stopping` are only touched while `condition` is locked.
+    // @unchecked: `queue`, `stopping` and `timer` are only touched while `condition` is locked.
     enum Work {
         /// A job isolated to the store (its actor).
         case isolated(UnownedJob, UnownedSerialExecutor)
