@@ -121,19 +121,22 @@ private final class JobQueue: @unchecked Sendable {
                     condition.lock()
                 }
             }
+            // A due timer runs before the queued work, whether or not work is queued: on a
+            // busy thread it would otherwise wait for the queue to empty.
             var due: (() -> Void)?
-            while queue.isEmpty && !stopping {
-                guard let timer else {
-                    condition.wait()
-                    continue
-                }
-                let now = ContinuousClock.now
-                if timer.deadline <= now {
+            while true {
+                let now = timer == nil ? nil : ContinuousClock.now
+                if let timer, let now, timer.deadline <= now {
                     due = timer.work
                     self.timer = nil
                     break
                 }
-                condition.wait(for: now.duration(to: timer.deadline))
+                guard queue.isEmpty && !stopping else { break }
+                if let timer, let now {
+                    condition.wait(for: now.duration(to: timer.deadline))
+                } else {
+                    condition.wait()
+                }
             }
             if queue.isEmpty && due == nil {
                 condition.unlock()
