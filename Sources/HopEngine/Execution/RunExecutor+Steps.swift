@@ -127,7 +127,7 @@ extension RunExecutor {
         _ factory: @escaping @Sendable () -> any HopStep, _ context: StepContext, until deadline: Date?
     ) async throws -> Bool {
         guard let deadline else {
-            try await Self.onThePool { try await factory().run(context) }
+            try await onThePool { try await factory().run(context) }
             return true
         }
         return try await runStep(factory, context, racing: deadline)
@@ -138,7 +138,7 @@ extension RunExecutor {
         _ factory: @escaping @Sendable () -> any HopStep, _ context: StepContext, racing deadline: Date
     ) async throws -> Bool {
         try await withThrowingTaskGroup(of: Bool.self) { group in
-            group.addTask(executorPreference: globalConcurrentExecutor) {
+            group.addTask(executorPreference: poolPreference) {
                 try await factory().run(context)
                 return true
             }

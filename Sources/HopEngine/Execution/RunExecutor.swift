@@ -124,7 +124,7 @@ final class RunExecutor: FlowExecution {
         let hook = transition ?? definition.transition
         if let hook {
             let transition = Transition(flow: run.flow, subject: run.subject, runID: run.id, from: from, to: step)
-            try await Self.onThePool { try await hook(transition) }
+            try await onThePool { try await hook(transition) }
         }
         let (parks, wakeOn) = try hopKind(of: step)
         let deadline = timeout.map { Date().addingTimeInterval($0.timeInterval) }
@@ -173,7 +173,7 @@ final class RunExecutor: FlowExecution {
     /// A decision of the flow's own: the recorded value, or `read`'s value (read on the
     /// cooperative pool: it is the daemon's code), recorded.
     func decide<T: Codable & Sendable>(_ name: String, _ read: @Sendable () async throws -> T) async throws -> T {
-        try await decideStored(name) { try await Self.onThePool(read) }
+        try await decideStored(name) { try await self.onThePool(read) }
     }
 
     /// A decision: the recorded value, or `read`'s value, recorded.
@@ -346,9 +346,17 @@ final class RunExecutor: FlowExecution {
     /// Runs the daemon's own code (a step's body, a transition hook, a decision's read) on
     /// Swift's cooperative pool. A flow body runs on the store's thread where the store has one
     /// (``HopStorage/flowExecutor``), beside the database; code that may block or compute at
-    /// length must not hold that thread.
-    static func onThePool<T: Sendable>(_ body: () async throws -> T) async throws -> T {
-        try await withTaskExecutorPreference(globalConcurrentExecutor) { try await body() }
+    /// length must not hold that thread. Where the store has none, the body is on the pool
+    /// already and `body` runs where it is, with no switch.
+    func onThePool<T: Sendable>(_ body: () async throws -> T) async throws -> T {
+        guard let pool = poolPreference else { return try await body() }
+        return try await withTaskExecutorPreference(pool) { try await body() }
+    }
+
+    /// The executor the daemon's code must prefer: the pool when flow bodies run on the store's
+    /// thread, `nil` (stay where it is) when they run on the pool already.
+    var poolPreference: (any TaskExecutor)? {
+        storage.flowExecutor == nil ? nil : globalConcurrentExecutor
     }
 
     // MARK: Time
