@@ -82,14 +82,16 @@ import Testing
         try await waitUntil("five runs are in their step") { inFlight.entered.count == 5 }
         #expect(await engine.executingCount == 5)
         #expect(await engine.waitingCount == 25)
-        #expect(inFlight.entered == Array(runs.prefix(5)))
+        // The first five had places at once and execute together: which enters its step first is
+        // a race (on PostgreSQL each write is a round trip). Order is promised to the waiting ones.
+        #expect(Set(inFlight.entered) == Set(runs.prefix(5)))
 
         // One step ends at a time: each frees one place, and the run that waited longest takes it.
         for next in 5..<30 {
             permits.release()
             try await waitUntil("run \(runs[next]) entered its step") { inFlight.entered.count == next + 1 }
         }
-        #expect(inFlight.entered == runs, "runs did not execute oldest first")
+        #expect(Array(inFlight.entered.dropFirst(5)) == Array(runs.dropFirst(5)), "runs did not execute oldest first")
         permits.release(count: 30)
         for run in runs { #expect(try await engine.settled(runID: run)?.status == .completed) }
         #expect(inFlight.peak == 5, "more runs executed at once than the bound")
