@@ -31,10 +31,10 @@ extension PostgresStore: HopStorage {
 
     // MARK: Durability
 
-    /// Nothing waits to be committed: every write commits before it returns.
     /// Flow bodies run on the cooperative pool: the store's work is network I/O on NIO's event loops.
     package var flowExecutor: (any TaskExecutor)? { nil }
 
+    /// Nothing waits to be committed: every write commits before it returns.
     package func makeDurable() async throws {}
 
     package func waitUntilDurable(runID: Int64) async throws {}

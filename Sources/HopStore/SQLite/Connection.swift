@@ -158,6 +158,10 @@ final class Connection {
     /// lost in a failed commit, so that a lost run's id never names another run.
     var runIDFloor: Int64 = 0
 
+    /// Whether the transaction open at `mark` (a ``totalChanges``) is still open and nothing
+    /// changed since: a write that failed then can fail alone, without a savepoint to undo it.
+    func changedNothing(since mark: Int64) -> Bool { totalChanges == mark && isInTransaction }
+
     /// Counts the changes made since `mark` (a ``totalChanges``) as undone: a savepoint taken
     /// at `mark` was rolled back.
     func undoChanges(since mark: Int64) { undoneChanges += totalChanges - mark }

@@ -103,7 +103,7 @@ extension HopStore {
             if let runID { open?.runs.insert(runID) }
             return result
         } catch {
-            if connection.totalChanges != changes || !connection.isInTransaction { loseOpen(after: error) }
+            if !connection.changedNothing(since: changes) { loseOpen(after: error) }
             throw error
         }
     }
@@ -269,7 +269,7 @@ extension HopStore {
                 try write.apply(connection)
                 failures.append(nil)
             } catch {
-                guard connection.totalChanges == changes, connection.isInTransaction else { throw error }
+                guard connection.changedNothing(since: changes) else { throw error }
                 failures.append(error)
             }
         }
