@@ -185,7 +185,9 @@ let package = Package(
         ),
         .testTarget(
             name: "hopctlTests",
-            dependencies: ["HopEngine", "HopTestSupport", "hopctl", "hopctl-postgres", "hop-test-daemon"]
+            dependencies: [
+                "HopEngine", "HopTestSupport", "HopctlCommands", "hopctl", "hopctl-postgres", "hop-test-daemon",
+            ]
         ),
         .testTarget(
             name: "HopReliabilityTests",

@@ -94,11 +94,13 @@ struct ReadOptions: ParsableArguments {
         name: .long, help: ArgumentHelp("The Hop database: a file, or a postgres:// URL.", valueName: "path-or-url"))
     var db: String?
 
-    var path: String { db ?? DatabaseLocation.defaultPath() }
-
     /// Opens the database for reading: never creates or upgrades it.
-    func openForReading() async throws -> any HopAdministration {
-        try await OpenDatabases.open(path, migrate: false) {
+    func openForReading() async throws -> any HopAdministration { try await Self.openForReading(db) }
+
+    /// Opens the database `db` names (the default location when nil) for reading.
+    static func openForReading(_ db: String?) async throws -> any HopAdministration {
+        let path = db ?? DatabaseLocation.defaultPath()
+        return try await OpenDatabases.open(path, migrate: false) {
             try await HopStore.open(path: path, options: HopStore.Options(createIfMissing: false, migrate: false))
         }
     }

@@ -34,19 +34,19 @@ package struct Hopctl: AsyncParsableCommand {
         do {
             try checkArgumentsAreUTF8()
             let arguments = GlobalOptions.hoisted(Array(CommandLine.arguments.dropFirst()))
-            try checkCommandIsKnown(arguments)
-            var command = try parseAsRoot(arguments)
-            do {
-                if var asynchronous = command as? AsyncParsableCommand {
-                    try await asynchronous.run()
-                } else {
-                    try command.run()
+            if let request = QuickCommandLine.request(arguments) {
+                try await closingDatabases { try await request.run() }
+            } else {
+                try checkCommandIsKnown(arguments)
+                var command = try parseAsRoot(arguments)
+                try await closingDatabases {
+                    if var asynchronous = command as? AsyncParsableCommand {
+                        try await asynchronous.run()
+                    } else {
+                        try command.run()
+                    }
                 }
-            } catch {
-                await OpenDatabases.closeAll()
-                throw error
             }
-            await OpenDatabases.closeAll()
         } catch let error as UsageError {
             // Found while running (standard input, say): the message alone, not the whole usage.
             StandardStream.write("Error: \(error.message)\n", to: STDERR_FILENO)
@@ -55,6 +55,17 @@ package struct Hopctl: AsyncParsableCommand {
             exit(withError: error)
         }
     }
+}
+
+/// Runs `body`, then closes the server connections it opened, whether it succeeded or not.
+private func closingDatabases(_ body: () async throws -> Void) async throws {
+    do {
+        try await body()
+    } catch {
+        await OpenDatabases.closeAll()
+        throw error
+    }
+    await OpenDatabases.closeAll()
 }
 
 /// Refuses an argument that is not valid UTF-8. Swift would repair it into U+FFFD, so that two

@@ -28,21 +28,43 @@ struct History: AsyncParsableCommand {
     @Flag(help: "Every run of the flow, for every subject, oldest first (no --run, --subject or --limit).")
     var allRuns = false
 
+    /// What was asked, for ``HistoryRequest`` to answer.
+    var request: HistoryRequest {
+        HistoryRequest(
+            db: global.db, json: output.json, subject: subjectOption.subject, flow: flow, run: run, limit: limit,
+            allRuns: allRuns)
+    }
+
+    func validate() throws { try request.validate() }
+
+    func run() async throws { try await request.run() }
+}
+
+/// What `hopctl history` was asked, from ``History`` or from ``QuickCommandLine``, and how it is answered.
+struct HistoryRequest: Equatable {
+    var db: String?
+    var json: Bool
+    var subject: String
+    var flow: String
+    var run: Int64?
+    var limit: Int?
+    var allRuns: Bool
+
     func validate() throws {
         try checkIdentifier(flow, as: "flow name")
+        try checkIdentifier(subject, as: "subject")
         if let limit, limit < 1 { throw ValidationError("--limit is out of range: give 1 or more entries") }
         if let run, run < 1 {
             throw ValidationError("--run is out of range: run ids are 1 or more (see `hopctl status`)")
         }
-        if allRuns, run != nil || limit != nil || subjectOption.subject != SubjectOption.defaultSubject {
+        if allRuns, run != nil || limit != nil || subject != SubjectOption.defaultSubject {
             throw ValidationError("--all-runs takes every run of the flow: give it without --run, --subject or --limit")
         }
     }
 
     func run() async throws {
-        let store = try await global.openForReading()
+        let store = try await ReadOptions.openForReading(db)
         if allRuns { return try await printAllRuns(store) }
-        let subject = subjectOption.subject
         let record: RunRecord?
         if let run {
             record = try await store.run(id: run)
@@ -65,7 +87,7 @@ struct History: AsyncParsableCommand {
                 hint: "List runs with `hopctl status --flow \(flow)`")
         }
         let entries = try await store.history(runID: record.id, limit: limit)
-        if output.json {
+        if json {
             return try Output.json(
                 HistoryJSON(
                     run: RunJSON(record),
@@ -94,7 +116,7 @@ struct History: AsyncParsableCommand {
         try await requireFlow(flow, in: store, operation: "history")
         let runs = try await store.allRuns(flow: flow)
         let histories = try await store.histories(runIDs: runs.map(\.id))
-        if output.json {
+        if json {
             return try Output.json(
                 runs.map {
                     HistoryJSON(run: RunJSON($0), entries: (histories[$0.id] ?? []).map(HistoryJSON.Entry.init))

@@ -37,13 +37,31 @@ struct Status: AsyncParsableCommand {
             valueName: "status"))
     var status: RunStatus?
 
+    /// What was asked, for ``StatusRequest`` to answer.
+    var request: StatusRequest {
+        StatusRequest(db: global.db, json: output.json, flow: flow, subject: subject, status: status)
+    }
+
+    func validate() throws { try request.validate() }
+
+    func run() async throws { try await request.run() }
+}
+
+/// What `hopctl status` was asked, from ``Status`` or from ``QuickCommandLine``, and how it is answered.
+struct StatusRequest: Equatable {
+    var db: String?
+    var json: Bool
+    var flow: String?
+    var subject: String?
+    var status: RunStatus?
+
     func validate() throws {
         if let flow { try checkIdentifier(flow, as: "flow name") }
         if let subject { try checkIdentifier(subject, as: "subject") }
     }
 
     func run() async throws {
-        let store = try await global.openForReading()
+        let store = try await ReadOptions.openForReading(db)
         var runs = try await store.runs(flow: flow, subject: subject, limit: 1000)
         if runs.isEmpty, let flow { try await requireFlow(flow, in: store, operation: "status") }
         if let status { runs = runs.filter { $0.status == status } }
@@ -51,7 +69,7 @@ struct Status: AsyncParsableCommand {
         for run in runs where run.status == .diverged {
             divergences[run.id] = try await store.history(runID: run.id, limit: 4).last { $0.kind == .diverge }?.value
         }
-        if output.json { return try Output.json(runs.map { RunJSON($0, divergence: divergences[$0.id]) }) }
+        if json { return try Output.json(runs.map { RunJSON($0, divergence: divergences[$0.id]) }) }
         if runs.isEmpty {
             return Output.note(
                 status.map { "no \($0.rawValue) runs in \(store.location)" } ?? "no runs in \(store.location)")
