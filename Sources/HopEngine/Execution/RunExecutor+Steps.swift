@@ -30,7 +30,7 @@ extension RunExecutor {
         let registration = try inProcessStep(step)
         var attempt = 1
         while true {
-            span.attributes[SpanKey.attempts] = attempt
+            span.setAttribute(SpanKey.attempts, attempt)
             let unhop = StepUnhop(executor: self, step: step, token: token)
             let started = ContinuousClock.now
             do {

@@ -74,19 +74,19 @@ extension RunExecutor {
     static func outcome(of span: any Span, endedBy error: any Error) {
         switch error {
         case Suspension.parked:
-            span.attributes[SpanKey.outcome] = SpanOutcome.parked.rawValue
+            span.setAttribute(SpanKey.outcome, SpanOutcome.parked.rawValue)
         case Suspension.finished:
-            span.attributes[SpanKey.outcome] = SpanOutcome.finishedElsewhere.rawValue
+            span.setAttribute(SpanKey.outcome, SpanOutcome.finishedElsewhere.rawValue)
         case _ where Task.isCancelled:
-            span.attributes[SpanKey.outcome] = SpanOutcome.interrupted.rawValue
+            span.setAttribute(SpanKey.outcome, SpanOutcome.interrupted.rawValue)
         case let failure as HopError where failure.code == .diverged:
-            span.attributes[SpanKey.outcome] = SpanOutcome.diverged.rawValue
+            span.setAttribute(SpanKey.outcome, SpanOutcome.diverged.rawValue)
             failed(span, by: error)
         case let failure as HopError where failure.isDatabaseFailure:
-            span.attributes[SpanKey.outcome] = SpanOutcome.interrupted.rawValue
+            span.setAttribute(SpanKey.outcome, SpanOutcome.interrupted.rawValue)
             failed(span, by: error)
         default:
-            span.attributes[SpanKey.outcome] = SpanOutcome.failed.rawValue
+            span.setAttribute(SpanKey.outcome, SpanOutcome.failed.rawValue)
             failed(span, by: error)
         }
     }
@@ -99,12 +99,21 @@ extension RunExecutor {
             case .timedOut: .timedOut
             case .rerouted: .rerouted
             }
-        span.attributes[SpanKey.outcome] = outcome.rawValue
+        span.setAttribute(SpanKey.outcome, outcome.rawValue)
     }
 
     /// Records `error` on `span` and marks the span failed.
     static func failed(_ span: any Span, by error: any Error) {
         span.recordError(error)
         span.setStatus(SpanStatus(code: .error))
+    }
+}
+
+extension Span {
+    /// Sets the attribute `key` to `value` on a span that records attributes; a span that drops
+    /// them (the no-op tracer's, the default) costs no attribute dictionary.
+    func setAttribute(_ key: String, _ value: some SpanAttributeConvertible) {
+        guard isRecording else { return }
+        attributes[key] = value
     }
 }

@@ -57,7 +57,7 @@ final class RunExecutor: FlowExecution {
         defer { span.end() }
         do {
             guard try await open(span) else {
-                span.attributes[SpanKey.outcome] = SpanOutcome.notClaimed.rawValue
+                span.setAttribute(SpanKey.outcome, SpanOutcome.notClaimed.rawValue)
                 return .settled
             }
             // The body runs in the run span's context: its steps' spans (and any span a step
@@ -66,7 +66,7 @@ final class RunExecutor: FlowExecution {
                 try await definition.body(FlowContext(executor: self))
             }
             try await complete()
-            span.attributes[SpanKey.outcome] = SpanOutcome.completed.rawValue
+            span.setAttribute(SpanKey.outcome, SpanOutcome.completed.rawValue)
             return .settled
         } catch {
             return await settle(after: error, span: span)
@@ -87,10 +87,11 @@ final class RunExecutor: FlowExecution {
         }
         let replaying = history.count { $0.kind.isReplayed }
         environment.notify(.executing(run: environment.ref(run), replaying: replaying))
-        span.attributes[SpanKey.replayed] = replaying
+        span.setAttribute(SpanKey.replayed, replaying)
         if replaying > 0 {
             environment.metrics.resumes.increment()
-            environment.logger(for: run).info("resuming run", metadata: ["hop.replaying": "\(replaying)"])
+            environment.logger.info(
+                "resuming run", metadata: environment.metadata(run).merging(["hop.replaying": "\(replaying)"]) { $1 })
         }
         replay.withLock { $0 = Replay(subject: $0.subject, history: history) }
         return true
@@ -294,7 +295,7 @@ final class RunExecutor: FlowExecution {
             // The run's end is a durable boundary: a completed run is durable once it settles.
             try await storage.completeRun(runID: runID, owner: owner, durability: .now)
         }
-        environment.logger(for: run).info("run completed")
+        environment.logger.info("run completed", metadata: environment.metadata(run))
     }
 
     /// Settles an execution that ended with `error`: parked, stopped, diverged or failed.
@@ -303,7 +304,7 @@ final class RunExecutor: FlowExecution {
         let logger = environment.logger(for: run)
         Self.outcome(of: span, endedBy: error)
         if environment.holdings.withLock({ $0.lost.contains(run.id) }) {  // said once, when lost
-            span.attributes[SpanKey.outcome] = SpanOutcome.finishedElsewhere.rawValue
+            span.setAttribute(SpanKey.outcome, SpanOutcome.finishedElsewhere.rawValue)
             return .settled
         }
         switch error {
