@@ -64,6 +64,26 @@ import Testing
         #expect(try await after.integrityCheck() == ["ok"])
     }
 
+    @Test func theHistoryAcceptsEveryKindTheStoreWritesAndRefusesOthers() async throws {
+        let folder = try TemporaryDirectory()
+        _ = try await HopStore.open(path: folder.database)
+        try rawSQL(
+            folder.database,
+            "INSERT INTO runs (id, flow, subject, flow_version, status, created_at, updated_at) VALUES (1, 'f', 's', '1', 'running', 0, 0)"
+        )
+        for (seq, kind) in HistoryKind.allCases.enumerated() {
+            try rawSQL(
+                folder.database,
+                "INSERT INTO history (run_id, seq, kind, at) VALUES (1, \(seq + 1), '\(kind.rawValue)', 0)")
+        }
+        for kind in ["bogus", "Hop", "hop ", ""] {
+            #expect(throws: TestFailure.self, "\(kind)") {
+                try rawSQL(
+                    folder.database, "INSERT INTO history (run_id, seq, kind, at) VALUES (1, 1000, '\(kind)', 0)")
+            }
+        }
+    }
+
     private func rawSQL(_ path: String, _ sql: String) throws {
         var db: OpaquePointer?
         defer { sqlite3_close(db) }
