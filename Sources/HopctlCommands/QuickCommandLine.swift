@@ -17,6 +17,13 @@ enum QuickCommandLine {
         case status(StatusRequest)
         case history(HistoryRequest)
 
+        func validate() throws {
+            switch self {
+            case .status(let request): try request.validate()
+            case .history(let request): try request.validate()
+            }
+        }
+
         func run() async throws {
             switch self {
             case .status(let request): try await request.run()
@@ -69,15 +76,8 @@ enum QuickCommandLine {
         default:
             return nil
         }
-        do {
-            switch request {
-            case .status(let status): try status.validate()
-            case .history(let history): try history.validate()
-            }
-        } catch {
-            return nil
-        }
-        return request
+        // A request its command refuses is left to ArgumentParser, which reports why.
+        return (try? request.validate()) != nil ? request : nil
     }
 
     /// The long options in `arguments` by name (a flag's value is empty), or nil unless every
