@@ -31,8 +31,14 @@ extension HopEngine {
                 metadata: environment.metadata(run).merging(["hop.version": "\(run.flowVersion)"]) { $1 })
             return
         }
-        let executor = RunExecutor(run: run, definition: definition, environment: environment, claimed: claimed)
-        executing[run.id] = Task(executorPreference: environment.storage.flowExecutor) { [self] in
+        // Few runs at once: the body on the store's thread, where its records need no thread
+        // hand-off (a lone flow waits on each of them). Many: on the pool, so that the store's
+        // thread does the database's work only, which is then what bounds them; the bodies'
+        // own work runs beside it on the other cores.
+        let bodyExecutor = executing.count < Self.bodiesBesideTheStoreBelow ? environment.storage.flowExecutor : nil
+        let executor = RunExecutor(
+            run: run, definition: definition, environment: environment, claimed: claimed, bodyExecutor: bodyExecutor)
+        executing[run.id] = Task(executorPreference: bodyExecutor) { [self] in
             let settlement = await executor.execute()
             await self.didSettle(run.id, settlement)
         }

@@ -31,8 +31,14 @@ final class RunExecutor: FlowExecution {
 
     /// - Parameter claimed: the run's history, when the engine has already claimed the run and
     ///   read it (a resume of many runs does both in bulk).
-    init(run: RunRecord, definition: Flow, environment: ExecutionEnvironment, claimed: [HistoryEntry]?) {
+    /// - Parameter bodyExecutor: where the flow body runs: the store's thread
+    ///   (``HopStorage/flowExecutor``), or `nil` for the cooperative pool.
+    init(
+        run: RunRecord, definition: Flow, environment: ExecutionEnvironment, claimed: [HistoryEntry]?,
+        bodyExecutor: (any TaskExecutor)?
+    ) {
         self.run = run
+        poolPreference = bodyExecutor == nil ? nil : globalConcurrentExecutor
         self.definition = definition
         self.environment = environment
         self.claimed = claimed.map(ClaimedHistory.init)
@@ -345,20 +351,18 @@ final class RunExecutor: FlowExecution {
     // MARK: Where code runs
 
     /// Runs the daemon's own code (a step's body, a transition hook, a decision's read) on
-    /// Swift's cooperative pool. A flow body runs on the store's thread where the store has one
-    /// (``HopStorage/flowExecutor``), beside the database; code that may block or compute at
-    /// length must not hold that thread. Where the store has none, the body is on the pool
-    /// already and `body` runs where it is, with no switch.
+    /// Swift's cooperative pool. A flow body may run on the store's thread, where the store has
+    /// one (``HopStorage/flowExecutor``) and few runs execute, beside the database; code that
+    /// may block or compute at length must not hold that thread. Where the body is on the pool
+    /// already, `body` runs where it is, with no switch.
     func onThePool<T: Sendable>(_ body: () async throws -> T) async throws -> T {
         guard let pool = poolPreference else { return try await body() }
         return try await withTaskExecutorPreference(pool) { try await body() }
     }
 
-    /// The executor the daemon's code must prefer: the pool when flow bodies run on the store's
-    /// thread, `nil` (stay where it is) when they run on the pool already.
-    var poolPreference: (any TaskExecutor)? {
-        storage.flowExecutor == nil ? nil : globalConcurrentExecutor
-    }
+    /// The executor the daemon's code must prefer: the pool when the flow body runs on the
+    /// store's thread, `nil` (stay where it is) when it runs on the pool already.
+    let poolPreference: (any TaskExecutor)?
 
     // MARK: Time
 

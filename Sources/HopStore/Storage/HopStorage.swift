@@ -25,9 +25,10 @@ import Foundation
 package protocol HopStorage: Sendable {
     /// Where the data lives, for logs and messages (a file path, or a URL without its password).
     var location: String { get }
-    /// Where the engine runs flow bodies: a store whose work runs on a thread of its own offers
-    /// that thread, so that a body's reads and records reach it without a thread hand-off;
-    /// `nil` runs them on Swift's cooperative pool. Steps always run on the pool.
+    /// Where the engine may run flow bodies: a store whose work runs on a thread of its own
+    /// offers that thread, so that a body's reads and records reach it without a thread
+    /// hand-off (the engine uses it while few runs execute); `nil` runs them on Swift's
+    /// cooperative pool. Steps always run on the pool.
     var flowExecutor: (any TaskExecutor)? { get }
 
     // MARK: Liveness and change notification
