@@ -220,3 +220,131 @@ extension HopStore {
 extension HopStore {
     fileprivate func markLost(_ runIDs: [Int64]) { lostRuns.formUnion(runIDs) }
 }
+
+/// Records of a run that share one write transaction with other writes: each is fenced by the
+/// run as it is at that moment (another write of the store in the same transaction, another
+/// process between two transactions), and numbered after what stands (not after a record undone).
+@Suite struct SharedTransactionRecordTests {
+    /// A run held by `owner`, with its first step `first` in flight (durable); returns it and the step's token.
+    static func heldRun(
+        _ store: HopStore, owner: String, first: String = "first"
+    ) async throws -> (run: RunRecord, token: String) {
+        let run = try await store.startRun(flow: "f", subject: "s", version: "1").run
+        _ = try await store.claim(runID: run.id, owner: owner, until: Date().addingTimeInterval(600))
+        let hop = try await store.recordHop(runID: run.id, step: first, owner: owner)
+        return (run, hop.token ?? "")
+    }
+
+    @Test func aWriteBetweenTwoRecordsOfARunInOneTransactionIsSeenByTheSecondsFence() async throws {
+        let folder = try TemporaryDirectory()
+        let store = try await CoalescedWriteTests.holdingStore(folder)
+        let (run, _) = try await Self.heldRun(store, owner: "engine")
+        let before = await store.commitStatistics
+        try await store.recordDecision(runID: run.id, name: "a", value: "1", owner: "engine", durability: .coalesced)
+        // Another write of this store, in the same open transaction, gives the run to another engine.
+        _ = try await store.write(.coalesced, "hand the run over") { tx in
+            try tx.run(
+                "UPDATE runs SET owner = 'other', last_owner = 'other' WHERE id = ?1", [.integer(run.id)],
+                operation: "hand the run over")
+        }
+        let refused = await #expect(throws: HopError.self) {
+            try await store.recordDecision(
+                runID: run.id, name: "b", value: "2", owner: "engine", durability: .coalesced)
+        }
+        #expect(refused?.code == .refused, "the engine that lost the run wrote to it: \(refused.map { "\($0)" } ?? "")")
+        #expect(await store.commitStatistics == before, "the writes did not share one open transaction")
+        try await store.makeDurable()
+        #expect(try await store.history(runID: run.id).map(\.step) == ["first", "a"])
+    }
+
+    /// Between two transactions another process may write (here another connection, as
+    /// hopctl or a second engine would): nothing read in the first stands in the second.
+    @Test(arguments: [WriteDurability.coalesced, .now])
+    func aRunHandedOverByAnotherProcessBetweenTwoTransactionsRefusesTheNextRecord(
+        durability: WriteDurability
+    ) async throws {
+        let folder = try TemporaryDirectory()
+        let store = try await CoalescedWriteTests.holdingStore(folder)
+        let (run, _) = try await Self.heldRun(store, owner: "engine")
+        try await store.recordDecision(runID: run.id, name: "a", value: "1", owner: "engine", durability: durability)
+        try await store.makeDurable()
+        let other = try await CoalescedWriteTests.elsewhere(folder)
+        _ = try await other.write(.now, "hand the run over") { tx in
+            try tx.run(
+                "UPDATE runs SET owner = 'other', last_owner = 'other' WHERE id = ?1", [.integer(run.id)],
+                operation: "hand the run over")
+        }
+        let refused = await #expect(throws: HopError.self) {
+            try await store.recordDecision(
+                runID: run.id, name: "b", value: "2", owner: "engine", durability: durability)
+        }
+        #expect(refused?.code == .refused)
+        try await store.makeDurable()
+        #expect(try await other.history(runID: run.id).map(\.step) == ["first", "a"])
+    }
+
+    @Test func aRecordUndoneInATransactionLeavesTheNextEntryItsNumber() async throws {
+        let folder = try TemporaryDirectory()
+        let store = try await CoalescedWriteTests.holdingStore(folder)
+        let (run, _) = try await Self.heldRun(store, owner: "engine")
+        try await store.recordDecision(runID: run.id, name: "a", value: "1", owner: "engine", durability: .coalesced)
+        // Two writes as one, the second refused: the first is undone with it.
+        await #expect(throws: HopError.self) {
+            try await store.record(
+                [.decision(name: "undone", value: "2"), .unhop(token: "stale", output: nil)], runID: run.id,
+                owner: "engine", durability: .coalesced)
+        }
+        try await store.recordDecision(runID: run.id, name: "b", value: "3", owner: "engine", durability: .coalesced)
+        try await store.makeDurable()
+        let history = try await store.history(runID: run.id)
+        #expect(history.map(\.step) == ["first", "a", "b"])
+        #expect(history.map(\.seq) == [1, 2, 3], "an entry was numbered after one that was undone")
+    }
+
+    @Test func aHopAndAnUnhopInOneTransactionAreFollowedByTheRecordsAfterThem() async throws {
+        let folder = try TemporaryDirectory()
+        let store = try await CoalescedWriteTests.holdingStore(folder)
+        let (run, first) = try await Self.heldRun(store, owner: "engine")
+        let before = await store.commitStatistics
+        // The first step ends and the second is entered, together; its unhop follows in the same transaction.
+        let written = try await store.record(
+            [
+                .unhop(token: first, output: nil),
+                .hop(step: "second", from: nil, parks: false, wakeOn: nil, deadline: nil),
+            ],
+            runID: run.id, owner: "engine", durability: .coalesced)
+        let second = written.last?.token ?? ""
+        // The first step's token no longer ends anything, the second's does, once.
+        await #expect(throws: HopError.self) {
+            try await store.recordUnhop(runID: run.id, token: first, owner: "engine", durability: .coalesced)
+        }
+        try await store.recordUnhop(runID: run.id, token: second, owner: "engine", durability: .coalesced)
+        await #expect(throws: HopError.self) {
+            try await store.recordUnhop(runID: run.id, token: second, owner: "engine", durability: .coalesced)
+        }
+        // With no step in flight, a hop is accepted; then the run completes and takes no more records.
+        _ = try await store.record(
+            [.hop(step: "third", from: nil, parks: false, wakeOn: nil, deadline: nil)], runID: run.id, owner: "engine",
+            durability: .coalesced)
+        await #expect(throws: HopError.self) {
+            try await store.record(
+                [.hop(step: "fourth", from: nil, parks: false, wakeOn: nil, deadline: nil)], runID: run.id,
+                owner: "engine", durability: .coalesced)
+        }
+        try await store.completeRun(runID: run.id, owner: "engine", durability: .coalesced)
+        await #expect(throws: HopError.self) {
+            try await store.recordDecision(
+                runID: run.id, name: "late", value: "1", owner: "engine", durability: .coalesced)
+        }
+        #expect(await store.commitStatistics == before, "the writes did not share one open transaction")
+        try await store.makeDurable()
+        let other = try await CoalescedWriteTests.elsewhere(folder)
+        let history = try await other.history(runID: run.id)
+        #expect(
+            history.map(\.kind) == [.hop, .unhop, .hop, .unhop, .hop, .complete]
+                && history.map(\.seq) == Array(1...6))
+        let stored = try await other.run(id: run.id)
+        #expect(stored?.status == .completed && stored?.currentStep == "third" && stored?.currentToken == nil)
+        #expect(try await other.integrityCheck() == ["ok"])
+    }
+}

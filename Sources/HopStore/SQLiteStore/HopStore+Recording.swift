@@ -110,7 +110,8 @@ extension WriteTransaction {
             return try append(runID: runID, .effect, step: markUsedEffectName(feature), operation: operation)
         case .complete:
             _ = try requireRunning(runID, owner: owner, operation: operation)
-            let event = try append(runID: runID, .complete, operation: operation)
+            // The status's update sets `updated_at` too.
+            let event = try append(runID: runID, .complete, touchesRun: false, operation: operation)
             try setStatus(runID, .completed, operation: operation)
             return event
         }
