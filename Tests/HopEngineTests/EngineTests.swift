@@ -306,17 +306,31 @@ struct CacheError: Error, CustomStringConvertible {
         }
     }
 
-    /// A flow body runs on the SQLite store's thread; a step, a `decide` read and a transition
-    /// hook are the daemon's code and run on the cooperative pool. If any of them ran on the
-    /// store's thread, blocking it would stop every other run's reads and records until it returned.
-    @Test(arguments: ["step", "decision", "transition"])
-    func daemonCodeThatBlocksItsThreadDoesNotHoldUpAnotherRunsDatabaseWork(blocking: String) async throws {
+    /// A flow body runs on the SQLite store's thread while few runs execute, on the pool when
+    /// many do (`crowded`: 8 runs wait in a step); a step, a `decide` read and a transition hook
+    /// are the daemon's code and run on the cooperative pool either way. If any of them ran on
+    /// the store's thread, blocking it would stop every other run's reads and records until it returned.
+    @Test(arguments: ["step", "decision", "transition"], [false, true])
+    func daemonCodeThatBlocksItsThreadDoesNotHoldUpAnotherRunsDatabaseWork(
+        blocking: String, crowded: Bool
+    )
+        async throws
+    {
         let folder = try TemporaryDirectory()
         let engine = HopEngine(
             storage: try await TestBackend.sqlite.open(folder),
             logger: Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() }))
         let blocker = Blocker()
         defer { blocker.released.store(true, ordering: .relaxed) }
+        let crowd = Gate()
+        defer { crowd.open() }
+        if crowded {
+            engine.register(Flow("crowd", version: "1") { flow in try await flow.hop(to: "wait") })
+            engine.register(step: "wait") { _ in await crowd.wait() }
+            for index in 0..<HopEngine.bodiesBesideTheStoreBelow {
+                _ = try await engine.start("crowd", subject: "crowd-\(index)")
+            }
+        }
         engine.register(
             Flow(
                 "blocking", version: "1",
@@ -351,5 +365,6 @@ struct CacheError: Error, CustomStringConvertible {
         #expect(stillBlocked, "the quick run completed only after the blocking code returned")
         blocker.released.store(true, ordering: .relaxed)
         #expect(try await engine.settled(runID: slow.id)?.status == .completed)
+        crowd.open()
     }
 }

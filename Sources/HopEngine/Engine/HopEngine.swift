@@ -28,7 +28,7 @@ public actor HopEngine {
     /// (``HopStorage/flowExecutor``); from it on, on the cooperative pool. Measured with
     /// hop-bench: a lone flow is about 10 % faster beside the store, 10,000 runs resuming
     /// about 20 % faster on the pool; at 100 runs both are alike.
-    static let bodiesBesideTheStoreBelow = 8
+    package static let bodiesBesideTheStoreBelow = 8
 
     /// What the executions of this engine's runs share with it.
     nonisolated let environment: ExecutionEnvironment
