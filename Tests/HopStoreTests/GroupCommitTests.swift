@@ -235,6 +235,15 @@ extension HopStore {
         return (run, hop.token ?? "")
     }
 
+    /// Gives run `runID` to another engine ('other') with a write of `store`'s that is not a record.
+    static func handOver(_ runID: Int64, on store: HopStore, _ durability: WriteDurability) async throws {
+        _ = try await store.write(durability, "hand the run over") { tx in
+            try tx.run(
+                "UPDATE runs SET owner = 'other', last_owner = 'other' WHERE id = ?1", [.integer(runID)],
+                operation: "hand the run over")
+        }
+    }
+
     @Test func aWriteBetweenTwoRecordsOfARunInOneTransactionIsSeenByTheSecondsFence() async throws {
         let folder = try TemporaryDirectory()
         let store = try await CoalescedWriteTests.holdingStore(folder)
@@ -242,11 +251,7 @@ extension HopStore {
         let before = await store.commitStatistics
         try await store.recordDecision(runID: run.id, name: "a", value: "1", owner: "engine", durability: .coalesced)
         // Another write of this store, in the same open transaction, gives the run to another engine.
-        _ = try await store.write(.coalesced, "hand the run over") { tx in
-            try tx.run(
-                "UPDATE runs SET owner = 'other', last_owner = 'other' WHERE id = ?1", [.integer(run.id)],
-                operation: "hand the run over")
-        }
+        try await Self.handOver(run.id, on: store, .coalesced)
         let refused = await #expect(throws: HopError.self) {
             try await store.recordDecision(
                 runID: run.id, name: "b", value: "2", owner: "engine", durability: .coalesced)
@@ -269,11 +274,7 @@ extension HopStore {
         try await store.recordDecision(runID: run.id, name: "a", value: "1", owner: "engine", durability: durability)
         try await store.makeDurable()
         let other = try await CoalescedWriteTests.elsewhere(folder)
-        _ = try await other.write(.now, "hand the run over") { tx in
-            try tx.run(
-                "UPDATE runs SET owner = 'other', last_owner = 'other' WHERE id = ?1", [.integer(run.id)],
-                operation: "hand the run over")
-        }
+        try await Self.handOver(run.id, on: other, .now)
         let refused = await #expect(throws: HopError.self) {
             try await store.recordDecision(
                 runID: run.id, name: "b", value: "2", owner: "engine", durability: durability)
