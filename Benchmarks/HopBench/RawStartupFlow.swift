@@ -13,10 +13,11 @@ final class RawStartupFlow {
         raw = try RawSQLite(path: path, synchronous: durability == .full ? "FULL" : "NORMAL")
     }
 
-    /// Runs the flow for `count` new subjects named `prefix-N`, one after another; returns the seconds taken.
-    func flows(_ count: Int, prefix: String) async throws -> Double {
+    /// Runs the flow for new subjects named `prefix-N`, N in `indices`, one after another;
+    /// returns the seconds taken.
+    func flows(_ indices: Range<Int>, prefix: String) async throws -> Double {
         try await Measure.seconds {
-            for index in 0..<count { try flow(subject: "\(prefix)-\(index)") }
+            for index in indices { try flow(subject: "\(prefix)-\(index)") }
         }
     }
 
