@@ -302,6 +302,36 @@ extension HopStore {
         #expect(history.map(\.seq) == [1, 2, 3], "an entry was numbered after one that was undone")
     }
 
+    /// A record numbers its entry from the run's last one, read with its check: every kind of
+    /// record, two entries in one write (a transition and its hop), an entry another process
+    /// appended between two transactions, and entries appended by a write that is not a record.
+    @Test func everyRecordNumbersItsEntriesRightAfterTheRunsLastWhoeverAppendedIt() async throws {
+        let folder = try TemporaryDirectory()
+        let store = try await CoalescedWriteTests.holdingStore(folder)
+        let (run, first) = try await Self.heldRun(store, owner: "engine")
+        try await store.recordDecision(runID: run.id, name: "a", value: "1", owner: "engine", durability: .coalesced)
+        try await store.makeDurable()
+        // Another process (as hopctl would) ends the step in flight.
+        let other = try await CoalescedWriteTests.elsewhere(folder)
+        try await other.recordUnhop(runID: run.id, token: first, owner: nil, durability: .now)
+        let hop = try await store.recordHop(runID: run.id, step: "second", from: "first", owner: "engine")
+        try await store.recordUnhop(runID: run.id, token: hop.token ?? "", owner: "engine", durability: .coalesced)
+        try await store.markUsed(runID: run.id, feature: "tour", owner: "engine", durability: .coalesced)
+        _ = try await store.recordPatch(runID: run.id, name: "p", owner: "engine", durability: .coalesced)
+        // A write that is not a record appends an entry of its own in the same open transaction.
+        _ = try await store.write(.coalesced, "append from elsewhere in the store") { tx in
+            try tx.append(runID: run.id, .error, value: "between", operation: "append from elsewhere in the store")
+        }
+        _ = try await store.recordTimer(runID: run.id, name: "t", deadline: Date(), owner: "engine")
+        try await store.completeRun(runID: run.id, owner: "engine", durability: .now)
+        let history = try await other.history(runID: run.id)
+        #expect(
+            history.map(\.kind) == [
+                .hop, .decision, .unhop, .transition, .hop, .unhop, .effect, .patch, .error, .timer, .complete,
+            ])
+        #expect(history.map(\.seq) == Array(1...11), "an entry was not numbered right after the last")
+    }
+
     @Test func aHopAndAnUnhopInOneTransactionAreFollowedByTheRecordsAfterThem() async throws {
         let folder = try TemporaryDirectory()
         let store = try await CoalescedWriteTests.holdingStore(folder)

@@ -93,25 +93,29 @@ extension WriteTransaction {
             let run = try requireUnfinished(runID, owner: owner, operation: operation)
             return try endStep(run, token: token, kind: .unhop, value: output, operation: operation)
         case .decision(let name, let value):
-            _ = try requireRunning(runID, owner: owner, operation: operation)
-            return try append(runID: runID, .decision, step: name, value: value, operation: operation)
-        case .patch(let name):
-            _ = try requireRunning(runID, owner: owner, operation: operation)
-            return try append(runID: runID, .patch, step: name, operation: operation)
-        case .timer(let name, let deadline):
-            _ = try requireRunning(runID, owner: owner, operation: operation)
+            let run = try requireRunning(runID, owner: owner, operation: operation)
             return try append(
-                runID: runID, .timer, step: name, value: "\(Clock.milliseconds(deadline))", operation: operation)
+                runID: runID, .decision, step: name, value: value, after: run.lastSeq, operation: operation)
+        case .patch(let name):
+            let run = try requireRunning(runID, owner: owner, operation: operation)
+            return try append(runID: runID, .patch, step: name, after: run.lastSeq, operation: operation)
+        case .timer(let name, let deadline):
+            let run = try requireRunning(runID, owner: owner, operation: operation)
+            return try append(
+                runID: runID, .timer, step: name, value: "\(Clock.milliseconds(deadline))", after: run.lastSeq,
+                operation: operation)
         case .markUsed(let feature):
             let run = try requireRunning(runID, owner: owner, operation: operation)
             try self.run(
                 "INSERT INTO first_use (subject, feature, used_at) VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",
                 [.text(run.subject), .text(feature), .integer(Clock.nowMilliseconds())], operation: operation)
-            return try append(runID: runID, .effect, step: markUsedEffectName(feature), operation: operation)
+            return try append(
+                runID: runID, .effect, step: markUsedEffectName(feature), after: run.lastSeq, operation: operation)
         case .complete:
-            _ = try requireRunning(runID, owner: owner, operation: operation)
+            let run = try requireRunning(runID, owner: owner, operation: operation)
             // The status's update sets `updated_at` too.
-            let event = try append(runID: runID, .complete, touchesRun: false, operation: operation)
+            let event = try append(
+                runID: runID, .complete, after: run.lastSeq, touchesRun: false, operation: operation)
             try setStatus(runID, .completed, operation: operation)
             return event
         }
@@ -128,13 +132,16 @@ extension WriteTransaction {
         if let inFlight = run.currentStep, run.currentToken != nil {
             throw refuse(.refused, operation, "step '\(inFlight)' is still in flight; it must unhop first")
         }
+        var lastSeq = run.lastSeq
         if let from {
-            try append(runID: runID, .transition, step: step, value: from, operation: operation)
+            lastSeq = try append(
+                runID: runID, .transition, step: step, value: from, after: lastSeq, operation: operation
+            ).seq
         }
         let token = Token.random()
         let deadlineValue = deadline.map { #"{"deadline":\#(Clock.milliseconds($0))}"# }
         let event = try append(
-            runID: runID, .hop, step: step, token: token, value: deadlineValue, touchesRun: false,
+            runID: runID, .hop, step: step, token: token, value: deadlineValue, after: lastSeq, touchesRun: false,
             operation: operation)
         if parks {
             // Parked: held by no engine until an unhop, a change or its deadline wakes it.

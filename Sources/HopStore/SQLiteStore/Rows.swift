@@ -28,7 +28,10 @@ extension RunRecord {
 }
 
 extension RunHead {
-    static let columns = "id, subject, status, owner, current_step, current_token"
+    /// The run's columns and the number of its last history entry: one statement for a write's
+    /// check and its entry's number (the subquery is a seek on the history's primary key).
+    static let columns =
+        "id, subject, status, owner, current_step, current_token, (SELECT coalesce(max(seq), 0) FROM history WHERE run_id = runs.id)"
 
     init(row: Row) {
         id = row.int64(0)
@@ -37,6 +40,7 @@ extension RunHead {
         owner = row.optionalText(3)
         currentStep = row.optionalText(4)
         currentToken = row.optionalText(5)
+        lastSeq = row.int64(6)
     }
 }
 

@@ -67,7 +67,8 @@ extension WriteTransaction {
                 earlier: earlier.map { (step: $0.0, kind: $0.1) }, operation: operation)
         }
         let event = try append(
-            runID: run.id, kind, step: step, token: token, value: value, touchesRun: false, operation: operation)
+            runID: run.id, kind, step: step, token: token, value: value, after: run.lastSeq, touchesRun: false,
+            operation: operation)
         if run.status == .running {
             // A step of a running run (never scheduled to wake): only the step changes, so the
             // indexes on status and wake-up time are not rewritten.
@@ -88,10 +89,13 @@ extension WriteTransaction {
 
     /// Appends one history entry to run `runID` and, unless the caller updates the run's row
     /// itself (`touchesRun: false`), its `updated_at`.
+    ///
+    /// - Parameter lastSeq: the number of the run's last entry, when the caller read it in this
+    ///   write (``RunHead/lastSeq``) and appended nothing since; read here otherwise.
     @discardableResult
     func append(
         runID: Int64, _ kind: HistoryKind, step: String? = nil, token: String? = nil, value: String? = nil,
-        touchesRun: Bool = true, operation: String
+        after lastSeq: Int64? = nil, touchesRun: Bool = true, operation: String
     ) throws -> HistoryEntry {
         let now = Clock.nowMilliseconds()
         // The next number of the run's history, then the entry: a single-row INSERT. (One
@@ -99,7 +103,8 @@ extension WriteTransaction {
         // materialises its SELECT and its RETURNING rows in temporary tables and keeps a
         // statement journal for it, whose memory the allocator returns to the system after each.)
         let last =
-            try connection.queryOne(
+            try lastSeq
+            ?? connection.queryOne(
                 "SELECT max(seq) FROM history WHERE run_id = ?1", [.integer(runID)], operation: operation,
                 { $0.optionalInt64(0) ?? 0 }) ?? 0
         let seq = last + 1
@@ -232,6 +237,10 @@ struct RunHead {
     let owner: String?
     let currentStep: String?
     let currentToken: String?
+    /// The number of the run's last history entry (0 for none), read with the check in the
+    /// same statement, so that the write's entry is numbered without reading it again; `nil`
+    /// when the head was made from a record that does not hold it.
+    let lastSeq: Int64?
 
     init(_ run: RunRecord) {
         id = run.id
@@ -240,5 +249,6 @@ struct RunHead {
         owner = run.owner
         currentStep = run.currentStep
         currentToken = run.currentToken
+        lastSeq = nil
     }
 }
