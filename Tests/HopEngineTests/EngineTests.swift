@@ -368,3 +368,72 @@ struct CacheError: Error, CustomStringConvertible {
         crowd.open()
     }
 }
+
+/// `settled(runID:)`: whoever waits for a run gets it as stored once its execution ended.
+@Suite struct SettledTests {
+    /// 20 runs at once, so that the first bodies run beside the store and the later ones on the
+    /// pool; two callers wait for each, and an observer (when there is one) is told the same.
+    @Test(arguments: TestBackend.all, [false, true])
+    func everyCallerWaitingForARunGetsItAsItEndedWhereverItsBodyRan(
+        backend: TestBackend, observed: Bool
+    ) async throws {
+        let folder = try TemporaryDirectory()
+        let told = Told()
+        let engine = HopEngine(
+            storage: try await backend.open(folder),
+            logger: Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() }),
+            configuration: .init(observer: observed ? told.observe : nil))
+        let gate = Gate()
+        engine.register(Flow("settle", version: "1") { flow in try await flow.hop(to: "work") })
+        engine.register(step: "work") { _ in await gate.wait() }
+        var runs: [RunRecord] = []
+        for index in 0..<20 { runs.append(try await engine.start("settle", subject: "s\(index)")) }
+        let results = try await withThrowingTaskGroup(of: (Int64, RunRecord?).self) { group in
+            for run in runs {
+                for _ in 0..<2 { group.addTask { (run.id, try await engine.settled(runID: run.id)) } }
+            }
+            gate.open()
+            return try await group.reduce(into: []) { $0.append($1) }
+        }
+        #expect(results.count == 40)
+        for (runID, settled) in results {
+            let stored = try await engine.storage.run(id: runID)
+            #expect(settled?.status == .completed, "run \(runID) settled as \(String(describing: settled?.status))")
+            #expect(settled == stored, "a caller got run \(runID) other than as it is stored")
+        }
+        if observed {
+            let seen = told.runs
+            for run in runs { #expect(seen[run.id]?.status == .completed, "the observer was not told run \(run.id)") }
+        }
+    }
+
+    /// The runs an observer was told settled, by id.
+    final class Told: Sendable {
+        private let state = Mutex<[Int64: RunRecord]>([:])
+        @Sendable func observe(_ event: EngineEvent) {
+            if case .settled(let run) = event { state.withLock { $0[run.id] = run } }
+        }
+        var runs: [Int64: RunRecord] { state.withLock { $0 } }
+    }
+
+    /// Lets every waiting step go at once.
+    final class Gate: Sendable {
+        private let state = Mutex<(open: Bool, waiters: [CheckedContinuation<Void, Never>])>((false, []))
+        func wait() async {
+            await withCheckedContinuation { continuation in
+                let open = state.withLock { state in
+                    if !state.open { state.waiters.append(continuation) }
+                    return state.open
+                }
+                if open { continuation.resume() }
+            }
+        }
+        func open() {
+            for waiter in state.withLock({ state in
+                state.open = true
+                defer { state.waiters = [] }
+                return state.waiters
+            }) { waiter.resume() }
+        }
+    }
+}

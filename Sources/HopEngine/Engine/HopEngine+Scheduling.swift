@@ -38,9 +38,12 @@ extension HopEngine {
         let bodyExecutor = executing.count < Self.bodiesBesideTheStoreBelow ? environment.storage.flowExecutor : nil
         let executor = RunExecutor(
             run: run, definition: definition, environment: environment, claimed: claimed, bodyExecutor: bodyExecutor)
-        executing[run.id] = Task(executorPreference: bodyExecutor) { [self] in
+        executing[run.id] = Task(executorPreference: bodyExecutor) { [self, environment] in
             let settlement = await executor.execute()
-            await self.didSettle(run.id, settlement)
+            // The run as it ended, read where the execution ran (beside the store, for a body on
+            // the store's thread) when the engine will want it: no store call on its way back.
+            let stored = environment.wantsSettledRun(run.id) ? try? await environment.storage.run(id: run.id) : nil
+            await self.didSettle(run.id, settlement, stored: stored)
         }
     }
 
@@ -51,7 +54,8 @@ extension HopEngine {
         }
     }
 
-    private func didSettle(_ runID: Int64, _ settlement: RunExecutor.Settlement) async {
+    /// - Parameter stored: the run as its execution ended, when the execution read it.
+    private func didSettle(_ runID: Int64, _ settlement: RunExecutor.Settlement, stored: RunRecord?) async {
         if case .parkedOnWake = settlement, let run = try? await storage.run(id: runID), run.status == .running {
             executeAgain.insert(runID)  // the stored change came as the run parked: it ended the step
         }
@@ -65,10 +69,12 @@ extension HopEngine {
             return
         }
         let waiters = settleWaiters.removeValue(forKey: runID) ?? []
+        if !waiters.isEmpty { environment.holdings.withLock { _ = $0.awaited.remove(runID) } }
         // Read once, for the observer and for whoever waits for the run to settle.
         var settled: RunRecord?
         if environment.configuration.observer != nil || !waiters.isEmpty {
-            settled = try? await storage.run(id: runID)
+            settled = stored
+            if settled == nil { settled = try? await storage.run(id: runID) }
         }
         if let settled { environment.notify(.settled(run: settled)) }
         for waiter in waiters { waiter.resume(returning: settled) }

@@ -251,7 +251,10 @@ public actor HopEngine {
     /// parked, …) and returns the run as stored.
     public func settled(runID: Int64) async throws -> RunRecord? {
         if executing[runID] != nil || waiting.contains(runID),
-            let settled = await withCheckedContinuation({ settleWaiters[runID, default: []].append($0) })
+            let settled = await withCheckedContinuation({ continuation in
+                environment.holdings.withLock { _ = $0.awaited.insert(runID) }
+                settleWaiters[runID, default: []].append(continuation)
+            })
         {
             return settled
         }

@@ -49,6 +49,12 @@ final class ExecutionEnvironment: Sendable {
 
     func notify(_ event: EngineEvent) { configuration.observer?(event) }
 
+    /// Whether the engine will want run `runID` as stored once its execution settles: an
+    /// observer is told, or a caller waits for it.
+    func wantsSettledRun(_ runID: Int64) -> Bool {
+        configuration.observer != nil || holdings.withLock { $0.awaited.contains(runID) }
+    }
+
     func ref(_ run: RunRecord) -> RunRef { RunRef(id: run.id, flow: run.flow, subject: run.subject) }
 
     /// The engine's logger with the run's metadata.

@@ -7,6 +7,9 @@ struct Holdings: Sendable {
     /// Held runs that another engine took over (this one was frozen past its lease): their
     /// executions are cancelled and write nothing more.
     var lost: Set<Int64> = []
+    /// Runs that a caller waits to see settle (``HopEngine/settled(runID:)``): their execution
+    /// reads the run as it ended, where it ran, for the engine to hand over.
+    var awaited: Set<Int64> = []
 
     /// Marks held run `runID` lost; `false` when it was not held or already marked.
     mutating func lose(_ runID: Int64) -> Bool {
