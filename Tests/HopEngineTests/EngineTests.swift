@@ -415,25 +415,4 @@ struct CacheError: Error, CustomStringConvertible {
         }
         var runs: [Int64: RunRecord] { state.withLock { $0 } }
     }
-
-    /// Lets every waiting step go at once.
-    final class Gate: Sendable {
-        private let state = Mutex<(open: Bool, waiters: [CheckedContinuation<Void, Never>])>((false, []))
-        func wait() async {
-            await withCheckedContinuation { continuation in
-                let open = state.withLock { state in
-                    if !state.open { state.waiters.append(continuation) }
-                    return state.open
-                }
-                if open { continuation.resume() }
-            }
-        }
-        func open() {
-            for waiter in state.withLock({ state in
-                state.open = true
-                defer { state.waiters = [] }
-                return state.waiters
-            }) { waiter.resume() }
-        }
-    }
 }
