@@ -416,3 +416,56 @@ struct CacheError: Error, CustomStringConvertible {
         var runs: [Int64: RunRecord] { state.withLock { $0 } }
     }
 }
+
+/// A daemon may call the engine from a task that prefers an executor of its own, as a server's
+/// handlers prefer their SwiftNIO event loop: every call answers as from anywhere else.
+@Suite struct CallerExecutorTests {
+    /// A task executor on a serial dispatch queue, standing in for an event loop.
+    final class QueueExecutor: TaskExecutor, @unchecked Sendable {
+        // @unchecked: its only state is the queue, which is thread-safe.
+        private let queue = DispatchQueue(label: "hop.test.caller-executor")
+
+        func enqueue(_ job: consuming ExecutorJob) {
+            let job = UnownedJob(job)
+            queue.async { job.runSynchronously(on: self.asUnownedTaskExecutor()) }
+        }
+    }
+
+    /// 200 runs started at once and waited for, all from tasks that prefer the queue. A start
+    /// waits for the commit that holds its run; a start that missed that commit's end (the
+    /// store had moved on between checking for the commit and waiting for it) never returned.
+    @Test(arguments: TestBackend.all)
+    func startAndSettledReturnWhenCalledFromATaskThatPrefersItsOwnExecutor(backend: TestBackend) async throws {
+        let folder = try TemporaryDirectory()
+        let engine = HopEngine(
+            storage: try await backend.open(folder),
+            logger: Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() }))
+        engine.register(Flow("quick", version: "1") { flow in try await flow.hop(to: "instant") })
+        engine.register(step: "instant") { _ in }
+        let runs = 200
+        final class Counts: Sendable {
+            let returned = Atomic<Int>(0)
+            let completed = Atomic<Int>(0)
+        }
+        let counts = Counts()
+        let callers = Task(executorPreference: QueueExecutor()) {
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                for index in 0..<runs {
+                    group.addTask {  // a child task keeps its parent's preference
+                        let run = try await engine.start("quick", subject: "caller-\(index)")
+                        counts.returned.add(1, ordering: .relaxed)
+                        if try await engine.settled(runID: run.id)?.status == .completed {
+                            counts.completed.add(1, ordering: .relaxed)
+                        }
+                    }
+                }
+                try await group.waitForAll()
+            }
+        }
+        try await waitUntil("every start returned (\(runs))", timeout: .seconds(30)) {
+            counts.returned.load(ordering: .relaxed) == runs
+        }
+        try await callers.value
+        #expect(counts.completed.load(ordering: .relaxed) == runs)
+    }
+}

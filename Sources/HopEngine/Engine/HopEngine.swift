@@ -251,7 +251,13 @@ public actor HopEngine {
     /// parked, …) and returns the run as stored.
     public func settled(runID: Int64) async throws -> RunRecord? {
         if executing[runID] != nil || waiting.contains(runID),
-            let settled = await withCheckedContinuation({ continuation in
+            let settled = await withCheckedContinuation({ (continuation: CheckedContinuation<RunRecord?, Never>) in
+                // Checked again: the closure may run after other work of the engine's (see
+                // `HopStore.waitUntilDurable`), by which time the run may have settled.
+                guard executing[runID] != nil || waiting.contains(runID) else {
+                    continuation.resume(returning: nil)
+                    return
+                }
                 environment.holdings.withLock { _ = $0.awaited.insert(runID) }
                 settleWaiters[runID, default: []].append(continuation)
             })

@@ -123,9 +123,21 @@ extension HopStore {
     /// write, or ``Options/commitDelay`` after the first coalesced one at the latest.
     /// - Throws: when the writes of run `runID` were lost to a failed commit, before or while it waits.
     package func waitUntilDurable(runID: Int64) async throws {
-        if lostRuns.contains(runID) { throw lostRecords(runID, operation: "wait for run \(runID) to be durable") }
-        guard open != nil else { return }
-        try await withCheckedThrowingContinuation { open?.waiters.append($0) }
+        let operation = "wait for run \(runID) to be durable"
+        if lostRuns.contains(runID) { throw lostRecords(runID, operation: operation) }
+        guard let number = open?.number else { return }
+        try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
+            // Not necessarily at once: for a caller whose task prefers an executor of its own (a
+            // server's event loop, say), the runtime queues this closure behind the store's other
+            // work, which may have ended that transaction meanwhile.
+            if open?.number == number {
+                open?.waiters.append(continuation)
+            } else if lostRuns.contains(runID) {
+                continuation.resume(throwing: lostRecords(runID, operation: operation))
+            } else {
+                continuation.resume()
+            }
+        }
     }
 
     /// Counts run `runID` among the runs with a write in the open transaction, if one is open:
