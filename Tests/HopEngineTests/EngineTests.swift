@@ -308,9 +308,10 @@ struct CacheError: Error, CustomStringConvertible {
 
     /// A flow body runs on the SQLite store's thread while few runs execute, on the pool when
     /// many do (`crowded`: 8 runs wait in a step); a step, a `decide` read and a transition hook
-    /// are the daemon's code and run on the cooperative pool either way. If any of them ran on
-    /// the store's thread, blocking it would stop every other run's reads and records until it returned.
-    @Test(arguments: ["step", "decision", "transition"], [false, true])
+    /// are the daemon's code and run on the cooperative pool either way, and so does the code
+    /// that called `engine.start` once the start returns (`caller`). If any of them ran on the
+    /// store's thread, blocking it would stop every other run's reads and records until it returned.
+    @Test(arguments: ["step", "decision", "transition", "caller"], [false, true])
     func daemonCodeThatBlocksItsThreadDoesNotHoldUpAnotherRunsDatabaseWork(
         blocking: String, crowded: Bool
     )
@@ -354,7 +355,12 @@ struct CacheError: Error, CustomStringConvertible {
             })
         engine.register(step: "instant") { _ in }
 
-        let slow = try await engine.start("blocking", subject: "a")
+        let slow = Task {
+            let run = try await engine.start("blocking", subject: "a")
+            // The caller's own code, once the start returned: here it blocks its thread.
+            if blocking == "caller" { blocker.block() }
+            return run
+        }
         try await waitUntil("the blocking code runs", timeout: .seconds(10)) {
             blocker.entered.load(ordering: .relaxed)
         }
@@ -364,7 +370,7 @@ struct CacheError: Error, CustomStringConvertible {
         let stillBlocked = !blocker.returned.load(ordering: .relaxed)
         #expect(stillBlocked, "the quick run completed only after the blocking code returned")
         blocker.released.store(true, ordering: .relaxed)
-        #expect(try await engine.settled(runID: slow.id)?.status == .completed)
+        #expect(try await engine.settled(runID: slow.value.id)?.status == .completed)
         crowd.open()
     }
 }
