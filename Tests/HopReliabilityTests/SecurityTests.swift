@@ -97,7 +97,8 @@ import Testing
             "claimable",  // a constant condition around a constant selection (HopStore+Ownership)
             "selection",  // the constant FROM … WHERE of the runs a prune removes (HopStore+Retention)
             // Statuses and kinds as literals of the code's own enums (a partial index needs them in the text).
-            "RunStatus.running.sql", "RunStatus.parked.sql", "RunStatus.unfinishedSQL", "HistoryKind.hop.sql",
+            "RunStatus.running.sql", "RunStatus.parked.sql", "RunStatus.unfinishedSQL", "RunStatus.running.condition",
+            "RunStatus.parked.condition", "HistoryKind.hop.sql",
             "HistoryKind.takeover.sql", "HistoryKind.stepEndsSQL", "HistoryKind.patch.sql",
         ]
         let sql = try Regex(#"\b(SELECT|INSERT|UPDATE|DELETE|PRAGMA|CREATE|ALTER|DROP|VALUES|WHERE)\b"#)

@@ -75,6 +75,26 @@ import Testing
         #expect(plan.contains { $0.contains("SEARCH history USING PRIMARY KEY (run_id=?)") }, "\(plan)")
     }
 
+    /// The statements that look for unfinished runs read an index that holds those runs only:
+    /// their cost must not grow with the finished runs a database keeps (a daemon's years).
+    /// `status = 'running'` alone led SQLite to every run of the flow, sorted in a temporary
+    /// B-tree; finding a subject's waking runs read the whole table.
+    @Test func findingUnfinishedRunsReadsTheirIndexNeverEveryRun() async throws {
+        let folder = try TemporaryDirectory()
+        let store = try await HopStore.open(path: folder.database)
+        let statements = [
+            ("claimable runs", HopStore.claimableRunsSQL, "runs_unfinished (status=? AND flow=?)"),
+            ("running runs", HopStore.unfinishedRunsSQL(.running), "runs_unfinished (status=? AND flow=?)"),
+            ("parked runs", HopStore.unfinishedRunsSQL(.parked), "runs_unfinished (status=? AND flow=?)"),
+            ("waking runs", HopStore.wakingRunsSQL, "runs_waking (subject=? AND wake_on=?)"),
+        ]
+        for (what, sql, index) in statements {
+            let plan = try await store.explain(sql)
+            #expect(plan.contains { $0.contains("SEARCH runs USING INDEX \(index)") }, "\(what): \(plan)")
+            #expect(!plan.contains { $0.contains("TEMP B-TREE") || $0.hasPrefix("SCAN runs") }, "\(what): \(plan)")
+        }
+    }
+
     @Test func unhopIsExactlyOnceAndRefusalsChangeNothing() async throws {
         let folder = try TemporaryDirectory()
         let store = try await HopStore.open(path: folder.database)

@@ -109,12 +109,7 @@ extension HopStore {
         var runs: [RunRecord] = []
         for (flow, flowVersions) in versions.sorted(by: { $0.key < $1.key }) {
             runs += try connection.query(
-                """
-                SELECT \(RunRecord.columns) FROM runs
-                WHERE status = \(RunStatus.running.sql) AND flow = ?1 AND (owner IS NULL OR lease_expires_at < ?2)
-                    AND flow_version IN (SELECT value FROM json_each(?3))
-                ORDER BY id LIMIT ?4
-                """,
+                Self.claimableRunsSQL,
                 [
                     .text(flow), .integer(Clock.milliseconds(now)), .text(Self.jsonList(flowVersions)),
                     .integer(Int64(limit)),
@@ -123,6 +118,17 @@ extension HopStore {
         }
         return Array(runs.sorted { $0.id < $1.id }.prefix(limit))
     }
+
+    /// The running runs of flow `?1` on a version of the list `?3` that no engine holds at `?2`,
+    /// the `?4` oldest: read through the index of unfinished runs, in its order, so that the
+    /// finished runs of the flow, however many, are never read.
+    static let claimableRunsSQL = """
+        SELECT \(RunRecord.columns) FROM runs
+        WHERE \(RunStatus.running.condition) AND flow = ?1 AND (owner IS NULL OR lease_expires_at < ?2)
+            AND flow_version IN (SELECT value FROM json_each(?3))
+        ORDER BY id LIMIT ?4
+        """
+
     /// Parked runs whose step's deadline has passed.
     package func dueTimeouts(now: Date = Date()) throws -> [RunRecord] {
         try connection.query(

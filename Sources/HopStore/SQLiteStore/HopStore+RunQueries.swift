@@ -84,12 +84,22 @@ extension HopStore {
         var runs: [RunRecord] = []
         for flow in flows {
             runs += try connection.query(
-                "SELECT \(RunRecord.columns) FROM runs WHERE status = ?1 AND flow = ?2 ORDER BY id",
-                [.text(status.rawValue), .text(flow)], operation: "list \(status.rawValue) runs of \(flow)",
+                Self.unfinishedRunsSQL(status), [.text(flow)], operation: "list \(status.rawValue) runs of \(flow)",
                 RunRecord.init(row:))
         }
         return runs.sorted { $0.id < $1.id }
     }
+
+    /// The runs of flow `?1` with `status` (an unfinished one), oldest first, read through the
+    /// index of unfinished runs in its order.
+    static func unfinishedRunsSQL(_ status: RunStatus) -> String {
+        status == .parked ? parkedRunsSQL : runningRunsSQL
+    }
+
+    private static let runningRunsSQL =
+        "SELECT \(RunRecord.columns) FROM runs WHERE \(RunStatus.running.condition) AND flow = ?1 ORDER BY id"
+    private static let parkedRunsSQL =
+        "SELECT \(RunRecord.columns) FROM runs WHERE \(RunStatus.parked.condition) AND flow = ?1 ORDER BY id"
 
     /// The history of run `runID` in order; with `limit`, its last `limit` entries.
     public func history(runID: Int64, limit: Int? = nil) throws -> [HistoryEntry] {

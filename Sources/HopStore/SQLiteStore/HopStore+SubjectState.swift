@@ -226,8 +226,8 @@ extension WriteTransaction {
         subject: String, wakeOn: WakeCondition, kind: HistoryKind, value: [String: String], operation: String
     ) throws -> [Int64] {
         let waiting = try connection.query(
-            "SELECT \(RunRecord.columns) FROM runs WHERE subject = ?1 AND status = \(RunStatus.parked.sql) AND wake_on = ?2",
-            [.text(subject), .text(wakeOn.rawValue)], operation: operation, RunRecord.init(row:))
+            HopStore.wakingRunsSQL, [.text(subject), .text(wakeOn.rawValue)], operation: operation, RunRecord.init(row:)
+        )
         let json = String(decoding: try JSONEncoder().encode(value), as: UTF8.self)
         for run in waiting {
             guard let token = run.currentToken else { continue }
@@ -235,4 +235,14 @@ extension WriteTransaction {
         }
         return waiting.map(\.id)
     }
+}
+
+extension HopStore {
+    /// The runs of subject `?1` parked on a step that the stored change `?2` ends, oldest first,
+    /// read through the index of waking runs (`runs_waking`): never the subject's other runs.
+    static let wakingRunsSQL = """
+        SELECT \(RunRecord.columns) FROM runs
+        WHERE subject = ?1 AND wake_on = ?2 AND status = \(RunStatus.parked.sql)
+        ORDER BY id
+        """
 }

@@ -63,11 +63,19 @@ extension RunStatus {
     ///
     /// Written into the statement rather than bound: it is a constant of the code, never a value
     /// from outside, and SQLite uses a partial index (`WHERE status IN ('running', 'parked')`)
-    /// only when the statement's own text implies the index's condition.
+    /// only when the statement's own text implies the index's condition (see ``condition``).
     var sql: String { "'\(rawValue)'" }
 
     /// The unfinished statuses as an SQL list, `('running', 'parked')`.
     static let unfinishedSQL = "(" + allCases.filter(\.isUnfinished).map(\.sql).joined(separator: ", ") + ")"
+
+    /// The condition "the run has this status", written so that SQLite can use the partial
+    /// indexes on unfinished runs: to SQLite's planner `status = 'running'` alone does not imply
+    /// the indexes' `status IN ('running', 'parked')`, and it then reads every run of a flow,
+    /// finished ones included, and sorts them.
+    var condition: String {
+        isUnfinished ? "status IN \(Self.unfinishedSQL) AND status = \(sql)" : "status = \(sql)"
+    }
 }
 
 extension HistoryKind {
