@@ -93,6 +93,11 @@ import Testing
             #expect(plan.contains { $0.contains("SEARCH runs USING INDEX \(index)") }, "\(what): \(plan)")
             #expect(!plan.contains { $0.contains("TEMP B-TREE") || $0.hasPrefix("SCAN runs") }, "\(what): \(plan)")
         }
+        // The newest run of a flow (`hopctl start` takes its version): its id from the index
+        // alone, not every run of the flow read from the table and sorted.
+        let newest = try await store.explain(HopStore.newestVersionSQL)
+        #expect(newest.contains { $0.contains("USING COVERING INDEX runs_by_flow_subject (flow=?)") }, "\(newest)")
+        #expect(!newest.contains { $0.contains("TEMP B-TREE") }, "\(newest)")
     }
 
     @Test func unhopIsExactlyOnceAndRefusalsChangeNothing() async throws {

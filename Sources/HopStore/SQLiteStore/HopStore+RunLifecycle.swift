@@ -58,10 +58,7 @@ extension HopStore {
             if let existing = try tx.unfinishedRun(flow: flow, subject: subject, operation: operation) {
                 throw rules.alreadyUnfinished(existing, operation: operation)
             }
-            let newest = try tx.queryOne(
-                "SELECT flow_version FROM runs WHERE flow = ?1 ORDER BY id DESC LIMIT 1", [.text(flow)],
-                operation: operation
-            ) { $0.text(0) }
+            let newest = try tx.queryOne(Self.newestVersionSQL, [.text(flow)], operation: operation) { $0.text(0) }
             let known =
                 StorageRules.needsKnownFlows(newest: newest, allowingNewFlow: allowingNewFlow)
                 ? try tx.query(Self.flowNamesSQL, [], operation: operation) { $0.text(0) } : []
@@ -72,6 +69,11 @@ extension HopStore {
         }
         return run
     }
+
+    /// The version of the newest run of flow `?1`: its id found in the index of runs by flow
+    /// alone (`ORDER BY id DESC LIMIT 1` read every run of the flow and sorted them).
+    static let newestVersionSQL =
+        "SELECT flow_version FROM runs WHERE id = (SELECT max(id) FROM runs WHERE flow = ?1)"
 
     /// Cancels the unfinished run of `flow` for `subject`: it never advances again. History is kept.
     /// - Throws: `.notFound` when the subject has no unfinished run of the flow.
