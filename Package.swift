@@ -159,6 +159,7 @@ let package = Package(
         .target(
             name: "HopStoreTestSupport",
             dependencies: [
+                "CSQLite",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "InMemoryLogging", package: "swift-log"),
             ],

@@ -117,7 +117,7 @@ import Testing
         let second = try ChildProcess("hop-demo", ["--db", folder.database], directory: folder)
         defer { second.kill() }
         try await second.waitForOutput("resuming run 1 of startup for default at onboarding")
-        first.kill(SIGSTOP)
+        try await freeze(first, betweenCommitsOn: folder.database)
         #expect(
             try await run(
                 "hopctl", ["unhop", "--flow", "startup", "--step", "onboarding", "--db", folder.database], in: folder

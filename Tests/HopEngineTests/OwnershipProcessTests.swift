@@ -86,7 +86,7 @@ import Testing
             !other.stdout.contains("executing run 1"),
             "B executed a run A holds, though A is alive and holds it under the same label")
 
-        owner.kill(SIGSTOP)
+        try await freeze(owner, betweenCommitsOn: folder.database)
         let store = try await HopStore.open(path: folder.database)
         let held = try #require(try await store.run(id: 1))
         let expiry = try #require(held.leaseExpiresAt)
