@@ -474,4 +474,28 @@ struct CacheError: Error, CustomStringConvertible {
         try await callers.value
         #expect(counts.completed.load(ordering: .relaxed) == runs)
     }
+
+    /// `hopctl status --subject` without a flow, and the flow names hopctl lists: both searched
+    /// by flow in the index (RunHistoryTests checks the plan); here, that they find the same.
+    @Test(arguments: TestBackend.all) func flowNamesAndASubjectsNewestRunsAcrossFlows(backend: TestBackend) async throws
+    {
+        let folder = try TemporaryDirectory()
+        let store = try await backend.open(folder)
+        #expect(try await store.flowNames().isEmpty)
+        #expect(try await store.runs(flow: nil, subject: "kiosk-1", limit: 10).isEmpty)
+        for (flow, subject) in [
+            ("startup", "kiosk-1"), ("archive", "kiosk-2"), ("update", "kiosk-1"), ("archive", "kiosk-1"),
+        ] {
+            _ = try await store.startRun(flow: flow, subject: subject, version: "1")
+        }
+        let newest = try await store.restartRun(flow: "archive", subject: "kiosk-1", version: nil)
+        #expect(try await store.flowNames() == ["archive", "startup", "update"])
+        let runs = try await store.runs(flow: nil, subject: "kiosk-1", limit: 10)
+        #expect(runs.map(\.flow) == ["archive", "startup", "update"])
+        #expect(runs.allSatisfy { $0.subject == "kiosk-1" })
+        #expect(runs.first?.id == newest.id, "the newest run of the flow for the subject")
+        #expect(try await store.runs(flow: nil, subject: "kiosk-1", limit: 2).map(\.flow) == ["archive", "startup"])
+        #expect(try await store.runs(flow: nil, subject: "kiosk-3", limit: 10).isEmpty)
+        #expect(try await store.runs(flow: nil, subject: nil, limit: 10).count == 4)
+    }
 }

@@ -96,6 +96,7 @@ import Testing
             #"durability == .full ? "FULL" : "NORMAL""#,
             "claimable",  // a constant condition around a constant selection (HopStore+Ownership)
             "selection",  // the constant FROM … WHERE of the runs a prune removes (HopStore+Retention)
+            "flowsSQL", "flowsTable",  // the constant table of flow names (HopStore+RunQueries)
             // Statuses and kinds as literals of the code's own enums (a partial index needs them in the text).
             "RunStatus.running.sql", "RunStatus.parked.sql", "RunStatus.unfinishedSQL", "RunStatus.running.condition",
             "RunStatus.parked.condition", "HistoryKind.hop.sql",

@@ -87,17 +87,39 @@ import Testing
             ("running runs", HopStore.unfinishedRunsSQL(.running), "runs_unfinished (status=? AND flow=?)"),
             ("parked runs", HopStore.unfinishedRunsSQL(.parked), "runs_unfinished (status=? AND flow=?)"),
             ("waking runs", HopStore.wakingRunsSQL, "runs_waking (subject=? AND wake_on=?)"),
+            ("runs without a patch", HopStore.runsWithoutPatchSQL, "runs_unfinished (status=? AND flow=?)"),
         ]
         for (what, sql, index) in statements {
             let plan = try await store.explain(sql)
             #expect(plan.contains { $0.contains("SEARCH runs USING INDEX \(index)") }, "\(what): \(plan)")
-            #expect(!plan.contains { $0.contains("TEMP B-TREE") || $0.hasPrefix("SCAN runs") }, "\(what): \(plan)")
+            // (Running and parked runs are two ranges of the index, so those of a patch are sorted.)
+            let sorts = what == "runs without a patch" ? false : plan.contains { $0.contains("TEMP B-TREE") }
+            #expect(!sorts && !plan.contains { $0.hasPrefix("SCAN runs") }, "\(what): \(plan)")
         }
-        // The newest run of a flow (`hopctl start` takes its version): its id from the index
-        // alone, not every run of the flow read from the table and sorted.
+        // The newest run of a flow (`hopctl start` takes its version): its id in one search of
+        // the index by flow and id, not every run of the flow read (and sorted).
         let newest = try await store.explain(HopStore.newestVersionSQL)
-        #expect(newest.contains { $0.contains("USING COVERING INDEX runs_by_flow_subject (flow=?)") }, "\(newest)")
+        #expect(newest.contains { $0.contains("USING COVERING INDEX runs_by_flow (flow=?)") }, "\(newest)")
         #expect(!newest.contains { $0.contains("TEMP B-TREE") }, "\(newest)")
+        // The flows that have runs, and a subject's newest runs without naming the flow
+        // (`hopctl status --subject`): one search of the index per flow, never all of it.
+        for (what, sql) in [
+            ("flow names", HopStore.flowNamesSQL),
+            ("a subject's runs", HopStore.latestRunsSQL(flow: false, subject: true)),
+        ] {
+            let plan = try await store.explain(sql)
+            #expect(
+                plan.contains { $0.contains("SEARCH runs USING COVERING INDEX runs_by_flow (flow>?)") },
+                "\(what): \(plan)")
+            #expect(!plan.contains { $0.hasPrefix("SCAN runs") }, "\(what): \(plan)")
+        }
+        // A flow's patches (`hopctl patches`): their markers from their own index, not every
+        // history entry of the flow.
+        let patches = try await store.explain(HopStore.patchesSQL)
+        #expect(patches.first?.contains("SCAN h USING INDEX history_patches") == true, "\(patches)")
+        #expect(patches.contains { $0.hasPrefix("SEARCH r USING") && $0.contains("rowid=?") }, "\(patches)")
+        let subjects = try await store.explain(HopStore.latestRunsSQL(flow: false, subject: true))
+        #expect(subjects.contains { $0.contains("runs_by_flow_subject (flow=? AND subject=?)") }, "\(subjects)")
     }
 
     @Test func unhopIsExactlyOnceAndRefusalsChangeNothing() async throws {

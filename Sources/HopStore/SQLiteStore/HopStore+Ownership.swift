@@ -123,7 +123,7 @@ extension HopStore {
     /// the `?4` oldest: read through the index of unfinished runs, in its order, so that the
     /// finished runs of the flow, however many, are never read.
     static let claimableRunsSQL = """
-        SELECT \(RunRecord.columns) FROM runs
+        SELECT \(RunRecord.columns) FROM runs INDEXED BY runs_unfinished
         WHERE \(RunStatus.running.condition) AND flow = ?1 AND (owner IS NULL OR lease_expires_at < ?2)
             AND flow_version IN (SELECT value FROM json_each(?3))
         ORDER BY id LIMIT ?4

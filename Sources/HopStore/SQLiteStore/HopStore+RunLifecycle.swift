@@ -70,8 +70,9 @@ extension HopStore {
         return run
     }
 
-    /// The version of the newest run of flow `?1`: its id found in the index of runs by flow
-    /// alone (`ORDER BY id DESC LIMIT 1` read every run of the flow and sorted them).
+    /// The version of the newest run of flow `?1`: its id found in one search of the index of
+    /// runs by flow and id (schema 8; before it, every run of the flow was read, and before
+    /// that sorted too).
     static let newestVersionSQL =
         "SELECT flow_version FROM runs WHERE id = (SELECT max(id) FROM runs WHERE flow = ?1)"
 
