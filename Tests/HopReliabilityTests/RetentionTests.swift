@@ -177,6 +177,49 @@ import Testing
         #expect(try await daemon.waitForExit() == 0)
     }
 
+    /// Batches smaller than a look (a look is taken in several transactions) and larger (every
+    /// look ends at its last run): each boundary is crossed many times.
+    @Test(arguments: [(batch: 3, span: 7), (batch: 50, span: 4)])
+    func aPruneLooksAtTheRunsAFewAtATimeAndRemovesExactlyTheOldFinishedOnes(batch: Int, span: Int) async throws {
+        let folder = try TemporaryDirectory()
+        #expect(try await run("hopctl", ["migrate", "--db", folder.database], in: folder).status == 0)
+        // Old finished runs, newer finished ones, and unfinished ones, of several subjects, in
+        // an order of ids that mixes them.
+        for (count, days) in [(40, "40"), (25, "1"), (30, "40")] {
+            let fill = try await run(
+                "hop-test-store", ["fill-finished", folder.database, "\(count)", days], in: folder)
+            #expect(fill.status == 0, "\(fill.stderr)")
+        }
+        let store = try await HopStore.open(path: folder.database)
+        for subject in ["device-3", "device-7", "device-12"] {
+            _ = try await store.startRun(flow: "archive", subject: subject, version: "1")
+        }
+        let fill = try await run("hop-test-store", ["fill-finished", folder.database, "10", "40"], in: folder)
+        #expect(fill.status == 0, "\(fill.stderr)")
+
+        let cutoff = Date().addingTimeInterval(-7 * 86_400)
+        let before = try await store.allRuns(flow: "archive")
+        let newest = try #require(before.map(\.id).max())
+        let expected = Set(
+            before.filter { run in
+                !run.status.isUnfinished && run.updatedAt < cutoff && run.id < newest
+                    && before.contains { $0.subject == run.subject && $0.id > run.id }
+            }.map(\.id))
+        #expect(expected.count > 40 && expected.count < before.count - 30, "\(expected.count) of \(before.count)")
+
+        let pruning = Pruning(finishedBefore: cutoff, keepLast: 1, batchSize: batch, scanSpan: span)
+        #expect(try await store.prune(pruning, dryRun: true).runs == expected.count)
+        let report = try await store.prune(pruning)
+        #expect(report.runs == expected.count)
+        #expect(report.batches >= (expected.count + batch - 1) / batch)
+        let after = try await store.allRuns(flow: "archive")
+        #expect(Set(after.map(\.id)) == Set(before.map(\.id)).subtracting(expected))
+        for id in expected { #expect(try await store.history(runID: id).isEmpty, "run \(id)") }
+        // Nothing is old enough any more: another prune looks at every run and removes none.
+        #expect(try await store.prune(pruning).runs == 0)
+        #expect(try await store.integrityCheck() == ["ok"])
+    }
+
     private func fileSize(_ path: String) throws -> Int64 {
         var info = stat()
         guard stat(path, &info) == 0 else { throw TestFailure("cannot stat \(path)") }

@@ -20,7 +20,7 @@ extension HopStore {
         let selection = """
             FROM runs r
             WHERE r.status NOT IN \(RunStatus.unfinishedSQL) AND r.updated_at < ?1 AND (?2 IS NULL OR r.flow = ?2)
-                AND r.id < (SELECT max(id) FROM runs)
+                AND +r.id < (SELECT max(id) FROM runs)
                 AND (SELECT count(*) FROM (
                     SELECT 1 FROM runs n WHERE n.flow = r.flow AND n.subject = r.subject AND n.id > r.id LIMIT ?3
                 )) >= ?3
@@ -42,16 +42,33 @@ extension HopStore {
             runs: 0, historyEntries: 0, batches: 0, reclaimedBytes: 0,
             reclaimsIncrementally: try reclaimsIncrementally(operation: operation))
         let batchSize = Int64(max(1, pruning.batchSize))
-        while true {
+        let span = Int64(max(1, pruning.scanSpan))
+        // The runs are looked at in order of id, `span` at a time, each look (and the batch it
+        // removes) a transaction of its own: a daemon beside the prune waits for one look at
+        // most, however many runs the database holds, and no look reads again the runs an
+        // earlier one passed over. (One statement over every run held the write lock for
+        // 0.43 s at 1,000,000 runs even when nothing was old enough.)
+        var after =
+            try connection.queryOne("SELECT min(id) - 1 FROM runs", [], operation: operation) {
+                $0.optionalInt64(0)
+            } ?? nil
+        while let start = after {
             try Task.checkCancellation()
-            let removed: (runs: Int, entries: Int) = try await transaction(operation) { tx in
+            let look: (runs: Int, entries: Int, next: Int64?) = try await transaction(operation) { tx in
+                // The last id of the next `span` runs: the end of this look (none left: done).
+                guard
+                    let end = try tx.queryOne(
+                        "SELECT max(id) FROM (SELECT id FROM runs WHERE id > ?1 ORDER BY id LIMIT ?2)",
+                        [.integer(start), .integer(span)], operation: operation, { $0.optionalInt64(0) }
+                    ) ?? nil
+                else { return (0, 0, nil) }
                 let ids = try tx.query(
-                    "SELECT r.id \(selection) ORDER BY r.id LIMIT ?4", arguments + [.integer(batchSize)],
-                    operation: operation
-                ) {
-                    $0.int64(0)
-                }
-                guard !ids.isEmpty else { return (0, 0) }
+                    "SELECT r.id \(selection) AND r.id > ?5 AND r.id <= ?6 ORDER BY r.id LIMIT ?4",
+                    arguments + [.integer(batchSize), .integer(start), .integer(end)], operation: operation
+                ) { $0.int64(0) }
+                // A full batch may leave more in this look: the next one goes on after it.
+                let next = ids.count == batchSize ? ids.last : end
+                guard !ids.isEmpty else { return (0, 0, next) }
                 let list = SQLValue.text(Self.jsonList(ids))
                 let entries = try tx.queryOne(
                     "SELECT count(*) FROM history WHERE run_id IN (SELECT value FROM json_each(?1))", [list],
@@ -60,12 +77,14 @@ extension HopStore {
                 // The history goes with its run (ON DELETE CASCADE).
                 let runs = try tx.run(
                     "DELETE FROM runs WHERE id IN (SELECT value FROM json_each(?1))", [list], operation: operation)
-                return (runs, entries ?? 0)
+                return (runs, entries ?? 0, next)
             }
-            guard removed.runs > 0 else { break }
-            report.runs += removed.runs
-            report.historyEntries += removed.entries
-            report.batches += 1
+            if look.runs > 0 {
+                report.runs += look.runs
+                report.historyEntries += look.entries
+                report.batches += 1
+            }
+            after = look.next
         }
         if report.runs > 0 { report.reclaimedBytes = try await reclaimFreePages(operation: operation) }
         return report
@@ -134,14 +153,20 @@ public struct Pruning: Sendable, Equatable {
     public var flow: String?
     /// Keep the newest `keepLast` runs of each flow and subject (finished or not), whatever their age.
     public var keepLast: Int
-    /// Runs removed per transaction: a daemon beside the prune waits for at most one batch.
+    /// Runs removed per transaction at most: a daemon beside the prune waits for at most one batch.
     public var batchSize: Int
+    /// Runs looked at per transaction, in order of id: the prune reads the database this much
+    /// at a time, so that a daemon beside it never waits for a scan of every run.
+    public var scanSpan: Int
 
-    public init(finishedBefore: Date, flow: String? = nil, keepLast: Int = 1, batchSize: Int = 500) {
+    public init(
+        finishedBefore: Date, flow: String? = nil, keepLast: Int = 1, batchSize: Int = 500, scanSpan: Int = 10_000
+    ) {
         self.finishedBefore = finishedBefore
         self.flow = flow
         self.keepLast = keepLast
         self.batchSize = batchSize
+        self.scanSpan = scanSpan
     }
 }
 
@@ -151,7 +176,7 @@ public struct PruneReport: Sendable, Equatable {
     public var runs: Int
     /// History entries removed with them.
     public var historyEntries: Int
-    /// Transactions it took.
+    /// Transactions that removed runs.
     public var batches: Int
     /// Bytes given back to the file system (0 unless the database is in incremental auto-vacuum mode).
     public var reclaimedBytes: Int64

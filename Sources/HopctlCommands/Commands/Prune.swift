@@ -13,8 +13,9 @@ struct Prune: AsyncParsableCommand {
         abstract: "Delete finished runs and their history, in short transactions beside running daemons.",
         discussion: """
             Removes the runs (completed, cancelled, failed, diverged) whose last change is older than \
-            --finished-before, except the --keep-last newest runs of each flow and subject, a batch \
-            per transaction: a daemon beside it waits for at most one batch. Unfinished runs, \
+            --finished-before, except the --keep-last newest runs of each flow and subject, looking \
+            at 10,000 runs and removing at most 500 per transaction, each a few milliseconds: a \
+            daemon beside it writes between them, within its busy timeout. Unfinished runs, \
             first-use flags and sessions are never removed. A database created by Hop 0.2.0 or later \
             gives the freed space back to the file system as it goes; an older one reuses it for new \
             runs, and --vacuum rewrites it once so that it gives the space back from then on (the \
