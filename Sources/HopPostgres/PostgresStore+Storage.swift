@@ -128,25 +128,42 @@ extension PostgresStore: HopStorage {
         var report = PruneReport(
             runs: 0, historyEntries: 0, batches: 0, reclaimedBytes: 0, reclaimsIncrementally: false)
         let batchSize = Int64(max(1, pruning.batchSize))
-        while true {
+        let span = Int64(max(1, pruning.scanSpan))
+        // The runs in order of id, `scanSpan` at a time (as on SQLite): no transaction reads every
+        // run, and none reads again the runs an earlier one passed over.
+        var after =
+            try await readOne("SELECT min(id) - 1 FROM runs", operation: operation) {
+                try $0.optionalInt64(0)
+            } ?? nil
+        while let start = after {
             try Task.checkCancellation()
-            let removed: (runs: Int, entries: Int) = try await transaction(operation) { tx in
+            let look: (runs: Int, entries: Int, next: Int64?) = try await transaction(operation) { tx in
+                guard
+                    let end = try await tx.queryOne(
+                        "SELECT max(id) FROM (SELECT id FROM runs WHERE id > $1 ORDER BY id LIMIT $2) AS look",
+                        [.int(start), .int(span)], { try $0.optionalInt64(0) }) ?? nil
+                else { return (0, 0, nil) }
                 let ids = try await tx.query(
-                    "SELECT r.id \(selection) ORDER BY r.id LIMIT $4 FOR UPDATE SKIP LOCKED", values + [.int(batchSize)]
+                    "SELECT r.id \(selection) AND r.id > $5 AND r.id <= $6 ORDER BY r.id LIMIT $4 FOR UPDATE SKIP LOCKED",
+                    values + [.int(batchSize), .int(start), .int(end)]
                 ) { try $0.int64(0) }
-                guard !ids.isEmpty else { return (0, 0) }
+                // A full batch may leave more in this look: the next one goes on after it.
+                let next = Int64(ids.count) == batchSize ? ids.last : end
+                guard !ids.isEmpty else { return (0, 0, next) }
                 let entries =
                     try await tx.queryOne("SELECT count(*) FROM history WHERE run_id = ANY($1)", [.ints(ids)]) {
                         Int(try $0.int64(0))
                     } ?? 0
                 // The history goes with its run (ON DELETE CASCADE).
                 let runs = try await tx.run("DELETE FROM runs WHERE id = ANY($1) RETURNING 1", [.ints(ids)])
-                return (runs, entries)
+                return (runs, entries, next)
             }
-            guard removed.runs > 0 else { break }
-            report.runs += removed.runs
-            report.historyEntries += removed.entries
-            report.batches += 1
+            if look.runs > 0 {
+                report.runs += look.runs
+                report.historyEntries += look.entries
+                report.batches += 1
+            }
+            after = look.next
         }
         return report
     }

@@ -220,6 +220,40 @@ import Testing
         #expect(try await store.integrityCheck() == ["ok"])
     }
 
+    /// The same on both backends: finished runs (cancelled ones here, all older than the cutoff)
+    /// between unfinished ones, looked at a few at a time.
+    @Test(arguments: TestBackend.all, [(batch: 2, span: 5), (batch: 20, span: 3)])
+    func aPruneRemovesTheSameRunsOnEveryBackend(backend: TestBackend, sizes: (batch: Int, span: Int)) async throws {
+        let folder = try TemporaryDirectory()
+        let store = try await backend.open(folder)
+        let subjects = (0..<12).map { "s\($0)" }
+        for round in 0..<4 {
+            for (index, subject) in subjects.enumerated() where round <= index % 4 {
+                _ = try await store.startRun(flow: "archive", subject: subject, version: "1")
+                let last = round == index % 4
+                if !(last && index % 3 == 0) {
+                    try await store.cancelRun(flow: "archive", subject: subject, reason: "test")
+                }
+            }
+        }
+        let before = try await store.allRuns(flow: "archive")
+        let newest = try #require(before.map(\.id).max())
+        let expected = Set(
+            before.filter { run in
+                !run.status.isUnfinished && run.id < newest
+                    && before.contains { $0.subject == run.subject && $0.id > run.id }
+            }.map(\.id))
+        #expect(expected.count == 18 && before.count == 30, "\(expected.count) of \(before.count)")
+
+        let pruning = Pruning(
+            finishedBefore: Date().addingTimeInterval(3600), keepLast: 1, batchSize: sizes.batch, scanSpan: sizes.span)
+        let report = try await store.prune(pruning, dryRun: false)
+        #expect(report.runs == expected.count)
+        let after = try await store.allRuns(flow: "archive")
+        #expect(Set(after.map(\.id)) == Set(before.map(\.id)).subtracting(expected))
+        #expect(try await store.prune(pruning, dryRun: false).runs == 0)
+    }
+
     private func fileSize(_ path: String) throws -> Int64 {
         var info = stat()
         guard stat(path, &info) == 0 else { throw TestFailure("cannot stat \(path)") }
