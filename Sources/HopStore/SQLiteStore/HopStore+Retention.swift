@@ -17,6 +17,8 @@ extension HopStore {
     public func prune(_ pruning: Pruning, dryRun: Bool = false) async throws -> PruneReport {
         if let flow = pruning.flow { try validate(flow, as: "flow name") }
         let operation = "prune runs finished before \(pruning.finishedBefore.formatted(.iso8601))"
+        // `+r.id` keeps "never the highest id" out of the search's bounds: a look's own bounds
+        // (below) must bound it, or each look reads on to the last run.
         let selection = """
             FROM runs r
             WHERE r.status NOT IN \(RunStatus.unfinishedSQL) AND r.updated_at < ?1 AND (?2 IS NULL OR r.flow = ?2)
@@ -44,10 +46,10 @@ extension HopStore {
         let batchSize = Int64(max(1, pruning.batchSize))
         let span = Int64(max(1, pruning.scanSpan))
         // The runs are looked at in order of id, `span` at a time, each look (and the batch it
-        // removes) a transaction of its own: a daemon beside the prune waits for one look at
-        // most, however many runs the database holds, and no look reads again the runs an
-        // earlier one passed over. (One statement over every run held the write lock for
-        // 0.43 s at 1,000,000 runs even when nothing was old enough.)
+        // removes) a transaction of its own that holds the write lock for milliseconds, however
+        // many runs the database holds; no look reads again the runs an earlier one passed over.
+        // (One statement over every run held the lock for 0.43 s at 1,000,000 runs even when
+        // nothing was old enough.)
         var after =
             try connection.queryOne("SELECT min(id) - 1 FROM runs", [], operation: operation) {
                 $0.optionalInt64(0)
@@ -153,10 +155,10 @@ public struct Pruning: Sendable, Equatable {
     public var flow: String?
     /// Keep the newest `keepLast` runs of each flow and subject (finished or not), whatever their age.
     public var keepLast: Int
-    /// Runs removed per transaction at most: a daemon beside the prune waits for at most one batch.
+    /// Runs removed per transaction at most.
     public var batchSize: Int
     /// Runs looked at per transaction, in order of id: the prune reads the database this much
-    /// at a time, so that a daemon beside it never waits for a scan of every run.
+    /// at a time, so that no transaction of it scans every run.
     public var scanSpan: Int
 
     public init(
