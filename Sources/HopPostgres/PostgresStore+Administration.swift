@@ -19,17 +19,8 @@ extension PostgresStore: HopAdministration {
     }
 
     package func flowNames() async throws -> [String] {
-        // One search of the (flow, subject, id) index per flow, not every entry of it.
-        try await read(
-            """
-            WITH RECURSIVE flows(flow) AS (
-                SELECT min(flow) FROM runs
-                UNION ALL
-                SELECT (SELECT min(flow) FROM runs WHERE runs.flow > flows.flow) FROM flows WHERE flows.flow IS NOT NULL
-            )
-            SELECT flow FROM flows WHERE flow IS NOT NULL ORDER BY flow
-            """, operation: "list flows"
-        ) { try $0.text(0) }
+        // One search of an index by flow per flow, not every entry of it (the SQLite statement).
+        try await read(HopStore.flowNamesSQL, operation: "list flows") { try $0.text(0) }
     }
 
     package func allRuns(flow: String) async throws -> [RunRecord] {

@@ -62,8 +62,9 @@ extension HopStore {
         try connection.query(Self.flowNamesSQL, [], operation: "list flows") { $0.text(0) }
     }
 
-    /// The names of the flows that have runs, in order (for ``flowNames()`` and inside a write).
-    static let flowNamesSQL = "\(flowsSQL) SELECT flow FROM flows WHERE flow IS NOT NULL ORDER BY flow"
+    /// The names of the flows that have runs, in order (for ``flowNames()``, inside a write, and
+    /// PostgreSQL's store: the statement is the same there).
+    package static let flowNamesSQL = "\(flowsSQL) SELECT flow FROM flows WHERE flow IS NOT NULL ORDER BY flow"
 
     /// A common table `flows` of the flow names that have runs (and a last `NULL`), found by one
     /// search of an index by flow per flow: the next name after the last one, until there is
