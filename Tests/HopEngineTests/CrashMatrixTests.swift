@@ -97,4 +97,28 @@ import Testing
             #expect(try await store.integrityCheck() == ["ok"], "(d) integrity after a kill at \(point)")
         }
     }
+
+    /// A body that awaits something of its own after a step that returned without unhopping
+    /// (main; no record until the run's completion) does not keep the step's end waiting: once
+    /// another process sees it, a SIGKILL and a restart never run the step again.
+    @Test func aStepsEndIsDurableWhileTheBodyAwaitsSomethingElseAndSurvivesAKill() async throws {
+        let (_, reference) = try await Self.uncrashed()
+        let folder = try TemporaryDirectory()
+        let paused = try ChildProcess(
+            "hop-test-daemon", ["--db", folder.database], environment: ["HOP_TEST_PAUSE_BEFORE_END": "1"],
+            directory: folder)
+        let ended = Array(reference.history.dropLast())  // all but the completion
+        try await waitUntil("another process sees main's unhop", timeout: .seconds(30)) {
+            try await Self.outcome(folder).history == ended
+        }
+        paused.kill()
+        try await paused.waitForExit()
+        #expect(try await Self.outcome(folder).bodies == reference.bodies)
+
+        let resumed = try await run("hop-test-daemon", ["--db", folder.database], in: folder)
+        #expect(resumed.status == 0, "\(resumed.stderr)")
+        let after = try await Self.outcome(folder)
+        #expect(after.bodies == reference.bodies, "a step ran again")
+        #expect(after.history == reference.history)
+    }
 }

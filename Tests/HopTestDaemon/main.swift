@@ -42,6 +42,7 @@ import Logging
 //   HOP_TEST_KILL_AT=<point>   SIGKILL this process at the point, e.g. "before:hop:splash", "after:unhop:login"
 //   HOP_TEST_FAILS=<n>         splash throws on its first n attempts (it is tried up to 3 times)
 //   HOP_TEST_SLOW_SPLASH=1     splash runs until its task is cancelled (then it notes "<run> splash-cancelled")
+//   HOP_TEST_PAUSE_BEFORE_END=1  after main the flow body sleeps 600 s before it returns, recording nothing
 // Prints "point <point>" for every point, "parked <step>" and "settled <status>".
 // Each step body appends "<run id> <step>\n" to PATH.bodies, so tests can count how often bodies ran.
 
@@ -117,6 +118,9 @@ func startupFlow(version: String) -> Flow {
             }
             if try await !flow.hop(to: "main").rerouted { break }
         }
+        // Awaits something that is not Hop's (no record): the end of main (which returns
+        // without unhopping) must not wait for it.
+        if pauseBeforeEnd { try await Task.sleep(for: .seconds(600)) }
     }
 }
 
@@ -140,6 +144,7 @@ let environment = ProcessInfo.processInfo.environment
 let killAt = environment["HOP_TEST_KILL_AT"]
 let failures = Int(environment["HOP_TEST_FAILS"] ?? "") ?? 0
 let slowSplash = environment["HOP_TEST_SLOW_SPLASH"] == "1"
+let pauseBeforeEnd = environment["HOP_TEST_PAUSE_BEFORE_END"] == "1"
 // A database on a server has no folder: --files names the prefix of the test's files then.
 let files = options.files ?? path
 let bodies = files + ".bodies"

@@ -160,7 +160,10 @@ public actor HopEngine {
     /// milliseconds later, whichever comes first, rather than each in a commit of its own (see
     /// the README's "Durability"). Call this when something outside must be able to rely on
     /// them now, or before the process exits on its own (``run()`` does it when it stops).
+    /// The unhops of steps that returned, which the engine holds until their run's next record,
+    /// are written first.
     public func makeDurable() async throws {
+        await environment.heldUnhops.writeAll()
         try await storage.makeDurable()
     }
 

@@ -18,6 +18,8 @@ final class ExecutionEnvironment: Sendable {
     let registry = Mutex(Registry())
     /// Which runs this engine holds, and which it found it lost.
     let holdings = Mutex(Holdings())
+    /// The runs whose executor holds the unhop of a step that returned.
+    let heldUnhops = HeldUnhops()
 
     init(
         storage: any HopStorage, incarnation: Incarnation, configuration: HopEngine.Configuration,

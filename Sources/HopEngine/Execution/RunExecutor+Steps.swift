@@ -80,7 +80,15 @@ extension RunExecutor {
             if let output = try await timeOut(step: step, token: token, unhop: unhop) { return output }
             return StepOutput(json: nil, ending: .timedOut)
         }
-        if !unhop.result.unhopped { try await unhop.unhop(output: nil) }
+        if !unhop.result.unhopped {
+            // Ended by returning: the unhop goes with the run's next record, unless the step
+            // is unhopping itself right now (then its own unhop and this one race, as before).
+            if unhop.hold() {
+                holdUnhop(step: step, token: token)
+            } else {
+                try await unhop.unhop(output: nil)
+            }
+        }
         environment.metrics.stepDuration(step, ContinuousClock.now - started)
         return StepOutput(json: unhop.result.output)
     }

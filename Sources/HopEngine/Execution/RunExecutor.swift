@@ -26,6 +26,9 @@ final class RunExecutor: FlowExecution {
     let environment: ExecutionEnvironment
     private let claimed: ClaimedHistory?
     private let replay: Mutex<Replay>
+    /// The unhop of the step that returned last, until the run's next record writes it
+    /// (`HeldUnhops.swift`).
+    let held = Mutex(HeldUnhop.none)
 
     var storage: any HopStorage { environment.storage }
 
@@ -60,7 +63,10 @@ final class RunExecutor: FlowExecution {
     @inline(never)
     func execute() async -> Settlement {
         let span = startRunSpan()
-        defer { span.end() }
+        defer {
+            dropHeldUnhop()  // every path that goes on wrote it; the others end the execution
+            span.end()
+        }
         do {
             guard try await open(span) else {
                 span.setAttribute(SpanKey.outcome, SpanOutcome.notClaimed.rawValue)
@@ -138,11 +144,9 @@ final class RunExecutor: FlowExecution {
         // Parking gives the run up: from its commit on, no engine holds it, which is no loss.
         if parks { environment.holdings.withLock { _ = $0.held.remove(run.id) } }
         let recordedFrom = hook == nil ? nil : from
-        let entry = try await record(.hop, step) { storage, runID, owner in
-            try await storage.recordHop(
-                runID: runID, step: step, from: recordedFrom, parks: parks, wakeOn: wakeOn, deadline: deadline,
-                owner: owner)
-        }
+        let entry = try await record(
+            .hop(step: step, from: recordedFrom, parks: parks, wakeOn: wakeOn, deadline: deadline), .hop, step,
+            durability: .now)
         environment.metrics.hops.increment()
         replay.withLock { $0.lastStep = step }
         return (entry.token ?? "", deadline)
@@ -169,12 +173,13 @@ final class RunExecutor: FlowExecution {
             deadline = Date(timeIntervalSince1970: Double(milliseconds) / 1000)
         } else {
             deadline = Date().addingTimeInterval(duration.timeInterval)
-            try await record(.timer, name) { storage, runID, owner in
-                try await storage.recordTimer(runID: runID, name: name, deadline: deadline, owner: owner)
-            }
+            try await record(.timer(name: name, deadline: deadline), .timer, name, durability: .now)
         }
         let wait = deadline.timeIntervalSinceNow
-        if wait > 0 { try await Task.sleep(for: Self.sleepDuration(seconds: wait)) }
+        if wait > 0 {
+            try await writeHeldUnhop()  // a replayed timer writes nothing: the last step's end goes first
+            try await Task.sleep(for: Self.sleepDuration(seconds: wait))
+        }
     }
 
     /// A decision of the flow's own: the recorded value, or `read`'s value (read on the
@@ -193,10 +198,7 @@ final class RunExecutor: FlowExecution {
         }
         let value = try await read()
         let json = try JSONCoding.encode(value)
-        try await record(.decision, name) { storage, runID, owner in
-            try await storage.recordDecision(
-                runID: runID, name: name, value: json, owner: owner, durability: .coalesced)
-        }
+        try await record(.decision(name: name, value: json), .decision, name, durability: .coalesced)
         return value
     }
 
@@ -226,9 +228,7 @@ final class RunExecutor: FlowExecution {
     /// Which branch of patch `name` the run takes: the replayed one, or the new one, recorded.
     func patched(_ name: String) async throws -> Bool {
         if let replayed = try replay.withLock({ try $0.consumePatch(name) }) { return replayed }
-        try await record(.patch, name) { storage, runID, owner in
-            try await storage.recordPatch(runID: runID, name: name, owner: owner, durability: .coalesced)
-        }
+        try await record(.patch(name: name), .patch, name, durability: .coalesced)
         return true
     }
 
@@ -236,13 +236,13 @@ final class RunExecutor: FlowExecution {
     func markUsed(_ feature: String) async throws {
         let name = markUsedEffectName(feature)
         if try replay.withLock({ try $0.consume(.effect, name) }) != nil { return }
-        try await record(.effect, name) { storage, runID, owner in
-            try await storage.markUsed(runID: runID, feature: feature, owner: owner, durability: .coalesced)
-        }
+        try await record(.markUsed(feature: feature), .effect, name, durability: .coalesced)
     }
 
-    /// Commits every record of this run (and of every other) applied so far.
+    /// Commits every record of this run (and of every other) applied so far, and the unhop of
+    /// the step that returned last.
     func makeDurable() async throws {
+        try await writeHeldUnhop()
         try await storage.makeDurable()
     }
 
@@ -271,14 +271,19 @@ final class RunExecutor: FlowExecution {
             try await stopIfFinishedElsewhere()
             throw error
         }
-        environment.notify(.recorded(run: ref, event: entry))
+        recorded(entry)
+        return entry
+    }
+
+    /// Tells the observer and the debug log that `entry` was recorded.
+    func recorded(_ entry: HistoryEntry) {
+        environment.notify(.recorded(run: environment.ref(run), event: entry))
         environment.logger.debug(
-            "recorded \(kind.rawValue)",
+            "recorded \(entry.kind.rawValue)",
             metadata: [
                 "hop.run": "\(run.id)", "hop.flow": "\(run.flow)", "hop.subject": "\(run.subject)",
-                "hop.step": "\(name ?? "")",
+                "hop.step": "\(entry.step ?? "")",
             ])
-        return entry
     }
 
     /// When the run was finished or taken over elsewhere, stops this execution (it writes nothing more).
@@ -297,10 +302,8 @@ final class RunExecutor: FlowExecution {
     @inline(never)
     private func complete() async throws {
         try replay.withLock { try $0.finish() }
-        try await record(.complete, nil) { storage, runID, owner in
-            // The run's end is a durable boundary: a completed run is durable once it settles.
-            try await storage.completeRun(runID: runID, owner: owner, durability: .now)
-        }
+        // The run's end is a durable boundary: a completed run is durable once it settles.
+        try await record(.complete, .complete, nil, durability: .now)
         environment.logger.info("run completed", metadata: environment.metadata(run))
     }
 
@@ -324,10 +327,12 @@ final class RunExecutor: FlowExecution {
             logger.info("run was finished or taken over elsewhere; stopped executing it, writing nothing more")
         case _ where Task.isCancelled:
             logger.info("stopped executing run; it stays resumable")
+            try? await writeHeldUnhop()  // the last step's end is kept: it does not run again
             try? await storage.release(runID: run.id, owner: environment.owner)
         case let error as HopError where error.code == .diverged:
             environment.metrics.divergences.increment()
             logger.error("run diverged", metadata: ["hop.error": "\(error)"])
+            try? await writeHeldUnhop()
             _ = try? await record(.diverge, nil) { storage, runID, owner in
                 try await storage.divergeRun(runID: runID, step: nil, message: error.reason, owner: owner)
             }
@@ -339,6 +344,7 @@ final class RunExecutor: FlowExecution {
             try? await storage.release(runID: run.id, owner: environment.owner)
         default:
             logger.error("run failed", metadata: ["hop.error": "\(error)"])
+            try? await writeHeldUnhop()  // the body threw after its last step had ended
             if let current = try? await storage.run(id: run.id), current.status.isUnfinished {
                 _ = try? await storage.recordError(
                     runID: run.id, step: current.currentStep, message: "\(error)", final: true, owner: environment.owner

@@ -75,10 +75,19 @@ public struct StepContext: Sendable {
 
 /// Records the unhop of one in-process hop, through the run's executor, and remembers that it happened.
 final class StepUnhop: Sendable {
+    private struct State {
+        var unhopped = false
+        var output: String?
+        /// The step is unhopping itself (its unhop is being written).
+        var writing = false
+        /// The step returned without unhopping: its executor holds the unhop.
+        var held = false
+    }
+
     private let executor: RunExecutor
     private let step: String
     private let token: String
-    private let done = Mutex<(unhopped: Bool, output: String?)>((false, nil))
+    private let state = Mutex(State())
 
     init(executor: RunExecutor, step: String, token: String) {
         self.executor = executor
@@ -87,13 +96,37 @@ final class StepUnhop: Sendable {
     }
 
     func unhop(output: String?) async throws {
-        try await executor.record(.unhop, step) { [token] storage, runID, owner in
-            try await storage.recordUnhop(
-                runID: runID, token: token, output: output, owner: owner, durability: .coalesced)
+        let ended = state.withLock { state in
+            if state.held { return true }
+            state.writing = true
+            return false
         }
+        if ended {
+            // The unhop is not written yet, so the store would take this one: refused here.
+            throw HopError(
+                .refused,
+                "step '\(step)' of run \(executor.run.id) already ended: it returned, and its unhop is recorded with the run's next record; a step unhops at most once, before it returns"
+            )
+        }
+        defer { state.withLock { $0.writing = false } }
+        try await executor.record(.unhop(token: token, output: output), .unhop, step, durability: .coalesced)
         executor.environment.metrics.unhops.increment()
-        done.withLock { $0 = (true, output) }
+        state.withLock {
+            $0.unhopped = true
+            $0.output = output
+        }
     }
 
-    var result: (unhopped: Bool, output: String?) { done.withLock { $0 } }
+    /// Marks the step ended without output, for its executor to hold the unhop; `false` when
+    /// the step unhopped, or is unhopping, itself.
+    func hold() -> Bool {
+        state.withLock { state in
+            guard !state.unhopped, !state.writing else { return false }
+            state.unhopped = true
+            state.held = true
+            return true
+        }
+    }
+
+    var result: (unhopped: Bool, output: String?) { state.withLock { ($0.unhopped, $0.output) } }
 }

@@ -24,6 +24,9 @@ extension HopStore {
         let operation =
             writes.count == 1 ? writes[0].operation(runID: runID) : "record \(writes.count) entries of run \(runID)"
         return try await write(durability, operation, runID: runID) { tx in
+            if writes.count == 2, case .unhop(let token, let output) = writes[0], writes[1].needsRunningRun {
+                return try tx.recordUnhop(token: token, output: output, then: writes[1], runID: runID, owner: owner)
+            }
             guard writes.count > 1 else { return try writes.map { try tx.record($0, runID: runID, owner: owner) } }
             // A later write may refuse after an earlier one changed the run: all or none.
             return try tx.atomically { try writes.map { try tx.record($0, runID: runID, owner: owner) } }
@@ -82,43 +85,71 @@ extension HopStore {
 
 extension WriteTransaction {
     /// Applies one write of the engine's for run `runID`, fenced by `owner`.
-    func record(_ write: RunWrite, runID: Int64, owner: String?) throws -> HistoryEntry {
+    ///
+    /// - Parameter checked: the run as a write earlier in this transaction left it, checked
+    ///   running and held by `owner` (``recordUnhop(token:output:then:runID:owner:)``); read
+    ///   and checked here when `nil`.
+    /// - Parameter endsStep: the run's row still names a step that an unhop earlier in this
+    ///   write ended without clearing it: this write's own update of the row clears it.
+    func record(
+        _ write: RunWrite, runID: Int64, owner: String?, checked: RunHead? = nil, endsStep: Bool = false
+    ) throws -> HistoryEntry {
         let operation = write.operation(runID: runID)
         switch write {
         case .hop(let step, let from, let parks, let wakeOn, let deadline):
             return try hop(
                 runID: runID, step: step, from: from, parks: parks, wakeOn: wakeOn, deadline: deadline, owner: owner,
-                operation: operation)
+                checked: checked, operation: operation)
         case .unhop(let token, let output):
-            let run = try requireUnfinished(runID, owner: owner, operation: operation)
+            let run = try checked ?? requireUnfinished(runID, owner: owner, operation: operation)
             return try endStep(run, token: token, kind: .unhop, value: output, operation: operation)
         case .decision(let name, let value):
-            let run = try requireRunning(runID, owner: owner, operation: operation)
+            let run = try checked ?? requireRunning(runID, owner: owner, operation: operation)
             return try append(
-                runID: runID, .decision, step: name, value: value, after: run.lastSeq, operation: operation)
+                runID: runID, .decision, step: name, value: value, after: run.lastSeq, endsStep: endsStep,
+                operation: operation)
         case .patch(let name):
-            let run = try requireRunning(runID, owner: owner, operation: operation)
-            return try append(runID: runID, .patch, step: name, after: run.lastSeq, operation: operation)
+            let run = try checked ?? requireRunning(runID, owner: owner, operation: operation)
+            return try append(
+                runID: runID, .patch, step: name, after: run.lastSeq, endsStep: endsStep, operation: operation)
         case .timer(let name, let deadline):
-            let run = try requireRunning(runID, owner: owner, operation: operation)
+            let run = try checked ?? requireRunning(runID, owner: owner, operation: operation)
             return try append(
                 runID: runID, .timer, step: name, value: "\(Clock.milliseconds(deadline))", after: run.lastSeq,
-                operation: operation)
+                endsStep: endsStep, operation: operation)
         case .markUsed(let feature):
-            let run = try requireRunning(runID, owner: owner, operation: operation)
+            let run = try checked ?? requireRunning(runID, owner: owner, operation: operation)
             try self.run(
                 "INSERT INTO first_use (subject, feature, used_at) VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",
                 [.text(run.subject), .text(feature), .integer(Clock.nowMilliseconds())], operation: operation)
             return try append(
-                runID: runID, .effect, step: markUsedEffectName(feature), after: run.lastSeq, operation: operation)
+                runID: runID, .effect, step: markUsedEffectName(feature), after: run.lastSeq, endsStep: endsStep,
+                operation: operation)
         case .complete:
-            let run = try requireRunning(runID, owner: owner, operation: operation)
+            let run = try checked ?? requireRunning(runID, owner: owner, operation: operation)
             // The status's update sets `updated_at` too.
             let event = try append(
                 runID: runID, .complete, after: run.lastSeq, touchesRun: false, operation: operation)
-            try setStatus(runID, .completed, operation: operation)
+            try setStatus(runID, .completed, endsStep: endsStep, operation: operation)
             return event
         }
+    }
+
+    /// A step's unhop and the run's next write (a hop, a decision, the completion…), as one
+    /// write: the engine holds the unhop of a step that returned until the run writes next.
+    /// The run is read and checked once, for both: running and held by `owner`. Once the unhop
+    /// passed, the next write cannot refuse (the run is running, with no step in flight), so
+    /// no savepoint is needed for all or none, and the run's row is updated once, by the next
+    /// write, which also clears the ended step.
+    func recordUnhop(
+        token: String, output: String?, then next: RunWrite, runID: Int64, owner: String?
+    ) throws -> [HistoryEntry] {
+        let operation = next.operation(runID: runID)
+        let run = try requireRunning(runID, owner: owner, operation: operation)
+        let unhop = try endStep(run, token: token, kind: .unhop, value: output, updatesRun: false, operation: operation)
+        let entry = try record(
+            next, runID: runID, owner: owner, checked: RunHead(run, endedAt: unhop.seq), endsStep: true)
+        return [unhop, entry]
     }
 
     /// Records that run `runID` entered `step`, after an optional transition from `from`, with a
@@ -126,9 +157,9 @@ extension WriteTransaction {
     /// `deadline`, the step times out then (stored with the hop).
     private func hop(
         runID: Int64, step: String, from: String?, parks: Bool, wakeOn: WakeCondition?, deadline: Date?,
-        owner: String?, operation: String
+        owner: String?, checked: RunHead?, operation: String
     ) throws -> HistoryEntry {
-        let run = try requireRunning(runID, owner: owner, operation: operation)
+        let run = try checked ?? requireRunning(runID, owner: owner, operation: operation)
         if let inFlight = run.currentStep, run.currentToken != nil {
             throw refuse(.refused, operation, "step '\(inFlight)' is still in flight; it must unhop first")
         }

@@ -55,7 +55,8 @@ extension WriteTransaction {
     /// Ends the step in flight of `run` with an unhop, a timeout or a re-route, if `token` is its token.
     @discardableResult
     func endStep(
-        _ run: RunHead, token: String, kind: HistoryKind, value: String?, operation: String
+        _ run: RunHead, token: String, kind: HistoryKind, value: String?, updatesRun: Bool = true,
+        operation: String
     ) throws -> HistoryEntry {
         guard let step = run.currentStep, let current = run.currentToken, current == token else {
             let earlier = try connection.queryOne(
@@ -70,6 +71,8 @@ extension WriteTransaction {
             runID: run.id, kind, step: step, token: token, value: value, after: run.lastSeq, touchesRun: false,
             operation: operation)
         if run.status == .running {
+            // The caller's next write clears the step in its own update of the run's row.
+            guard updatesRun else { return event }
             // A step of a running run (never scheduled to wake): only the step changes, so the
             // indexes on status and wake-up time are not rewritten.
             try connection.run(
@@ -92,10 +95,12 @@ extension WriteTransaction {
     ///
     /// - Parameter lastSeq: the number of the run's last entry, when the caller read it in this
     ///   write (``RunHead/lastSeq``) and appended nothing since; read here otherwise.
+    /// - Parameter endsStep: the update of the run's row also clears its step, which an unhop
+    ///   earlier in this write ended (``recordUnhop(token:output:then:runID:owner:)``).
     @discardableResult
     func append(
         runID: Int64, _ kind: HistoryKind, step: String? = nil, token: String? = nil, value: String? = nil,
-        after lastSeq: Int64? = nil, touchesRun: Bool = true, operation: String
+        after lastSeq: Int64? = nil, touchesRun: Bool = true, endsStep: Bool = false, operation: String
     ) throws -> HistoryEntry {
         let now = Clock.nowMilliseconds()
         // The next number of the run's history, then the entry: a single-row INSERT. (One
@@ -117,20 +122,32 @@ extension WriteTransaction {
             operation: operation)
         if touchesRun {
             try connection.run(
-                "UPDATE runs SET updated_at = ?2 WHERE id = ?1", [.integer(runID), .integer(now)], operation: operation)
+                endsStep
+                    ? "UPDATE runs SET current_step = NULL, current_token = NULL, updated_at = ?2 WHERE id = ?1"
+                    : "UPDATE runs SET updated_at = ?2 WHERE id = ?1",
+                [.integer(runID), .integer(now)], operation: operation)
         }
         return HistoryEntry(
             runID: runID, seq: seq, kind: kind, step: step, token: token, value: value, at: Clock.date(now))
     }
 
     /// Ends the run with `status`: no token, no wake-up, no owner.
-    func setStatus(_ runID: Int64, _ status: RunStatus, operation: String) throws {
+    ///
+    /// - Parameter endsStep: also clears the run's step, which an unhop earlier in this write
+    ///   ended (``recordUnhop(token:output:then:runID:owner:)``).
+    func setStatus(_ runID: Int64, _ status: RunStatus, endsStep: Bool = false, operation: String) throws {
         try connection.run(
-            """
-            UPDATE runs SET status = ?2, current_token = NULL, wake_on = NULL, wake_at = NULL, owner = NULL,
-                lease_expires_at = NULL, updated_at = ?3
-            WHERE id = ?1
-            """,
+            endsStep
+                ? """
+                UPDATE runs SET status = ?2, current_step = NULL, current_token = NULL, wake_on = NULL, wake_at = NULL,
+                    owner = NULL, lease_expires_at = NULL, updated_at = ?3
+                WHERE id = ?1
+                """
+                : """
+                UPDATE runs SET status = ?2, current_token = NULL, wake_on = NULL, wake_at = NULL, owner = NULL,
+                    lease_expires_at = NULL, updated_at = ?3
+                WHERE id = ?1
+                """,
             [.integer(runID), .text(status.rawValue), .integer(Clock.nowMilliseconds())], operation: operation)
     }
 
@@ -241,6 +258,17 @@ struct RunHead {
     /// same statement, so that the write's entry is numbered without reading it again; `nil`
     /// when the head was made from a record that does not hold it.
     let lastSeq: Int64?
+
+    /// `run` once an unhop numbered `seq` ended its step, before the row is updated.
+    init(_ run: RunHead, endedAt seq: Int64) {
+        id = run.id
+        subject = run.subject
+        status = run.status
+        owner = run.owner
+        currentStep = nil
+        currentToken = nil
+        lastSeq = seq
+    }
 
     init(_ run: RunRecord) {
         id = run.id

@@ -25,6 +25,13 @@ package enum RunWrite: Sendable {
     /// The flow body returned: the run is completed.
     case complete
 
+    /// Whether the write needs a running run (every write but an unhop, which ends a parked
+    /// run's step too).
+    package var needsRunningRun: Bool {
+        if case .unhop = self { return false }
+        return true
+    }
+
     /// What the write does, for messages: "hop run 5 to login".
     package func operation(runID: Int64) -> String {
         switch self {

@@ -1,0 +1,185 @@
+import HopStore
+import Synchronization
+
+/// The unhop of a step that returned without unhopping, held by its run's executor until the
+/// run's next record, which writes both as one: one trip to the store, one check of the run,
+/// one update of its row (``HopStorage/record(_:runID:owner:durability:)`` with the unhop
+/// first). An unhop is coalesced (not durable before the next durable write) either way, so a
+/// crash loses nothing that was durable: the step runs again, as for a crash before its unhop.
+///
+/// Nothing stays held long: every path on which the run waits (a durable sleep, a request to
+/// make its records durable) or ends (stopped, failed, diverged) writes it first, and
+/// ``HeldUnhops`` writes the unhop of a run that did not record again within
+/// ``HeldUnhops/limit`` (a flow body that awaits something else between two steps).
+enum HeldUnhop: Sendable {
+    case none
+    /// Held: the step and its hop's token.
+    case held(step: String, token: String)
+    /// Being written alone: the run's next record waits for it.
+    case writing(Task<Void, Never>)
+}
+
+/// The runs of one engine whose executor holds an unhop, and the sweep that writes the ones
+/// held longer than ``limit``: it runs while any is held, every `limit`.
+final class HeldUnhops: Sendable {
+    /// How long an unhop stays held before it is written alone: the store's commit delay for
+    /// coalesced writes, so that a step's end is durable within a few milliseconds whatever
+    /// the flow body does next.
+    static let limit: Duration = .milliseconds(2)
+
+    private struct State {
+        var held: [Int64: (executor: RunExecutor, since: ContinuousClock.Instant)] = [:]
+        var sweeping = false
+    }
+    private let state = Mutex(State())
+
+    /// Counts `executor`'s run among those holding an unhop.
+    func hold(_ executor: RunExecutor) {
+        let startSweep = state.withLock { state in
+            state.held[executor.run.id] = (executor, .now)
+            guard !state.sweeping else { return false }
+            state.sweeping = true
+            return true
+        }
+        if startSweep { Task { await self.sweep() } }
+    }
+
+    /// The run's unhop was taken: written with its next record, alone, or dropped.
+    func release(_ runID: Int64) {
+        _ = state.withLock { $0.held.removeValue(forKey: runID) }
+    }
+
+    /// Writes every held unhop, each alone, and returns once they are written.
+    func writeAll() async {
+        let executors = state.withLock { state in
+            defer { state.held.removeAll() }
+            return state.held.values.map(\.executor)
+        }
+        await withTaskGroup(of: Void.self) { group in
+            for executor in executors { group.addTask { try? await executor.writeHeldUnhop() } }
+        }
+    }
+
+    private func sweep() async {
+        while true {
+            try? await Task.sleep(for: Self.limit)
+            let (due, done) = state.withLock { state -> ([RunExecutor], Bool) in
+                let cutoff = ContinuousClock.now.advanced(by: .zero - Self.limit)
+                let due = state.held.values.filter { $0.since <= cutoff }.map(\.executor)
+                for executor in due { state.held[executor.run.id] = nil }
+                if state.held.isEmpty { state.sweeping = false }
+                return (due, !state.sweeping)
+            }
+            for executor in due { Task { try? await executor.writeHeldUnhop() } }
+            if done { return }
+        }
+    }
+}
+
+extension RunExecutor {
+    /// Holds the unhop of `step` (hopped with `token`), which returned without unhopping:
+    /// the run's next record writes it.
+    func holdUnhop(step: String, token: String) {
+        held.withLock { $0 = .held(step: step, token: token) }
+        environment.heldUnhops.hold(self)
+    }
+
+    /// Takes the held unhop, if any, for the caller to write with its record; waits while it
+    /// is being written alone.
+    func takeHeldUnhop() async -> (step: String, token: String)? {
+        while true {
+            let (taken, writing) = held.withLock { state -> ((step: String, token: String)?, Task<Void, Never>?) in
+                switch state {
+                case .none: return (nil, nil)
+                case .held(let step, let token):
+                    state = .none
+                    return ((step, token), nil)
+                case .writing(let task): return (nil, task)
+                }
+            }
+            if let writing {
+                await writing.value
+                continue
+            }
+            if taken != nil { environment.heldUnhops.release(run.id) }
+            return taken
+        }
+    }
+
+    /// Puts an unhop back that a failed record took: nothing of that record was written.
+    func restoreHeldUnhop(step: String, token: String) {
+        held.withLock { state in
+            if case .none = state { state = .held(step: step, token: token) }
+        }
+        environment.heldUnhops.hold(self)
+    }
+
+    /// Writes the held unhop alone, if one is held, and returns once it is written (or failed:
+    /// a refusal stops the execution, a failed write is the run's next record's error).
+    func writeHeldUnhop() async throws {
+        let writing = held.withLock { state -> Task<Void, Never>? in
+            switch state {
+            case .none: return nil
+            case .writing(let task): return task
+            case .held(let step, let token):
+                let task = Task {
+                    _ = try? await self.record(.unhop, step) { storage, runID, owner in
+                        try await storage.recordUnhop(
+                            runID: runID, token: token, output: nil, owner: owner, durability: .coalesced)
+                    }
+                    self.environment.metrics.unhops.increment()
+                    self.held.withLock { $0 = .none }
+                }
+                state = .writing(task)
+                return task
+            }
+        }
+        environment.heldUnhops.release(run.id)
+        await writing?.value
+    }
+
+    /// Forgets the held unhop: the execution ends without writing more (the run was finished
+    /// or taken over elsewhere, or the database failed). The step runs again on resume.
+    func dropHeldUnhop() {
+        held.withLock { state in
+            if case .held = state { state = .none }
+        }
+        environment.heldUnhops.release(run.id)
+    }
+
+    /// Records `write` (a record of `kind`, named `name`) for the run; with the held unhop
+    /// before it, in one write, when one is held.
+    @discardableResult
+    func record(
+        _ write: RunWrite, _ kind: HistoryKind, _ name: String?, durability: WriteDurability
+    ) async throws -> HistoryEntry {
+        guard let (step, token) = await takeHeldUnhop() else {
+            return try await record(kind, name) { storage, runID, owner in
+                try await storage.record(write, runID: runID, owner: owner, durability: durability)
+            }
+        }
+        let ref = environment.ref(run)
+        environment.notify(.willRecord(run: ref, kind: .unhop, step: step))
+        environment.notify(.willRecord(run: ref, kind: kind, step: name))
+        let entries: [HistoryEntry]
+        do {
+            entries = try await storage.record(
+                [.unhop(token: token, output: nil), write], runID: run.id, owner: environment.owner,
+                durability: durability)
+        } catch {
+            // Nothing of it was written: the unhop waits for the run's next record, unless the
+            // run was finished or taken over elsewhere (then this execution stops).
+            restoreHeldUnhop(step: step, token: token)
+            if let refusal = error as? HopError, refusal.code == .refused { try await stopIfFinishedElsewhere() }
+            throw error
+        }
+        environment.metrics.unhops.increment()
+        for entry in entries { recorded(entry) }
+        guard let entry = entries.last, entries.count == 2 else {
+            throw HopError(
+                .sqlite, operation: write.operation(runID: run.id), path: storage.location,
+                reason: "the store wrote \(entries.count) history entries for an unhop and the write after it, not 2")
+        }
+        return entry
+    }
+}

@@ -1,0 +1,231 @@
+import Foundation
+import HopEngine
+import HopStore
+import HopTestSupport
+import Logging
+import Synchronization
+import Testing
+
+/// A step that returns without unhopping is unhopped with its run's next record, in one write
+/// (`HeldUnhops.swift`): one check of the run, one update of its row. What that must leave as
+/// two writes would, and what it must not delay.
+@Suite struct HeldUnhopTests {
+    static let quiet = Logger(label: "held-unhop", factory: { _ in SwiftLogNoOpLogHandler() })
+
+    /// The records a run's next write can be, after a step's unhop.
+    static let nextWrites: [RunWrite] = [
+        .hop(step: "second", from: nil, parks: false, wakeOn: nil, deadline: nil),
+        .hop(step: "second", from: "first", parks: false, wakeOn: nil, deadline: nil),
+        .hop(step: "second", from: nil, parks: true, wakeOn: nil, deadline: Date().addingTimeInterval(600)),
+        .decision(name: "plan", value: #"{"tier":2}"#),
+        .patch(name: "new-terms"),
+        .timer(name: "backoff", deadline: Date().addingTimeInterval(600)),
+        .markUsed(feature: "onboarding"),
+        .complete,
+    ]
+
+    /// A run of subject `subject` held by "engine" with its step "first" in flight; returns it
+    /// and the step's token.
+    static func runInFirstStep(
+        _ store: any HopAdministration, subject: String
+    ) async throws -> (run: RunRecord, token: String) {
+        let run = try await store.startRun(flow: "f", subject: subject, version: "1").run
+        _ = try await store.claim(runID: run.id, owner: "engine", until: Date().addingTimeInterval(600))
+        let hop = try await store.recordHop(runID: run.id, step: "first", owner: "engine")
+        return (run, try #require(hop.token))
+    }
+
+    /// What a history entry says, without its time, token and timer value (those differ between runs).
+    static func shape(_ entry: HistoryEntry) -> String {
+        "\(entry.seq) \(entry.kind.rawValue) \(entry.step ?? "-") \(entry.kind == .timer ? "" : entry.value ?? "-")"
+    }
+
+    /// What a run's row says, without its token's value.
+    static func shape(_ run: RunRecord?) -> String {
+        guard let run else { return "none" }
+        return
+            "\(run.status.rawValue) step=\(run.currentStep ?? "-") token=\(run.currentToken != nil) owner=\(run.owner ?? "-") wake=\(run.wakeOn?.rawValue ?? "-") \(run.wakeAt != nil)"
+    }
+
+    @Test(arguments: TestBackend.all, nextWrites)
+    func anUnhopWrittenWithTheRunsNextRecordLeavesWhatTwoWritesLeave(backend: TestBackend, next: RunWrite) async throws
+    {
+        let folder = try TemporaryDirectory()
+        let store = try await backend.open(folder)
+        let (together, togetherToken) = try await Self.runInFirstStep(store, subject: "together")
+        let (apart, apartToken) = try await Self.runInFirstStep(store, subject: "apart")
+
+        let both = try await store.record(
+            [.unhop(token: togetherToken, output: nil), next], runID: together.id, owner: "engine", durability: .now)
+        let unhop = try await store.record(
+            .unhop(token: apartToken, output: nil), runID: apart.id, owner: "engine", durability: .now)
+        let second = try await store.record(next, runID: apart.id, owner: "engine", durability: .now)
+
+        #expect(both.map(Self.shape) == [unhop, second].map(Self.shape))
+        #expect(
+            try await store.history(runID: together.id).map(Self.shape)
+                == store.history(runID: apart.id).map(Self.shape))
+        #expect(try await Self.shape(store.run(id: together.id)) == Self.shape(store.run(id: apart.id)))
+    }
+
+    /// Refused or invalid, the pair changes nothing: neither the unhop nor the record after it.
+    @Test(arguments: TestBackend.all)
+    func anUnhopWithTheNextRecordIsRefusedWholeAndChangesNothing(backend: TestBackend) async throws {
+        let folder = try TemporaryDirectory()
+        let store = try await backend.open(folder)
+        let (run, token) = try await Self.runInFirstStep(store, subject: "s")
+        let hop = RunWrite.hop(step: "second", from: nil, parks: false, wakeOn: nil, deadline: nil)
+
+        func expectNothingChanged(
+            by writes: [RunWrite], owner: String, _ code: HopError.Code, _ what: String
+        ) async throws {
+            let history = try await store.history(runID: run.id).map(Self.shape)
+            let row = try await Self.shape(store.run(id: run.id))
+            let error = await #expect(throws: HopError.self, "\(what)") {
+                try await store.record(writes, runID: run.id, owner: owner, durability: .now)
+            }
+            #expect(error?.code == code, "\(what): \(error.map { "\($0)" } ?? "")")
+            #expect(try await store.history(runID: run.id).map(Self.shape) == history, "\(what)")
+            #expect(try await Self.shape(store.run(id: run.id)) == row, "\(what)")
+        }
+
+        try await expectNothingChanged(
+            by: [.unhop(token: "stale", output: nil), hop], owner: "engine", .refused, "a stale token")
+        try await expectNothingChanged(
+            by: [.unhop(token: token, output: nil), hop], owner: "other", .refused, "another engine")
+        try await expectNothingChanged(
+            by: [.unhop(token: token, output: nil), .decision(name: "plan", value: "{not json")], owner: "engine",
+            .invalidInput, "an invalid decision after the unhop")
+        #expect(try await store.run(id: run.id)?.currentStep == "first")
+        _ = try await store.cancelRun(flow: "f", subject: "s", reason: "test")
+        try await expectNothingChanged(
+            by: [.unhop(token: token, output: nil), .complete], owner: "engine", .refused, "a cancelled run")
+    }
+
+    /// One write: both records are announced before either is recorded.
+    @Test func aStepThatReturnsIsUnhoppedWithTheRunsNextRecordInOneWrite() async throws {
+        let folder = try TemporaryDirectory()
+        let events = Mutex<[String]>([])
+        let engine = HopEngine(
+            store: try await HopStore.open(path: folder.database), logger: Self.quiet,
+            configuration: .init(observer: { event in
+                switch event {
+                case .willRecord(_, let kind, let step): events.withLock { $0.append("will \(kind) \(step ?? "-")") }
+                case .recorded(_, let entry):
+                    events.withLock { $0.append("did \(entry.kind) \(entry.step ?? "-")") }
+                default: break
+                }
+            }))
+        engine.register(
+            Flow("pair", version: "1") { flow in
+                try await flow.hop(to: "first")
+                try await flow.hop(to: "second")
+            })
+        engine.register(step: "first") { _ in }
+        engine.register(step: "second") { _ in }
+        let run = try await engine.start("pair")
+        #expect(try await engine.settled(runID: run.id)?.status == .completed)
+        #expect(
+            events.withLock { $0 } == [
+                "will hop first", "did hop first",
+                "will unhop first", "will hop second", "did unhop first", "did hop second",
+                "will unhop second", "will complete -", "did unhop second", "did complete -",
+            ])
+        #expect(
+            try await engine.storage.history(runID: run.id).map(\.kind) == [.hop, .unhop, .hop, .unhop, .complete])
+    }
+
+    /// A body that awaits something of its own between two steps (no record) does not keep the
+    /// first step's end waiting: it is written, and committed, within milliseconds.
+    @Test func whileTheBodyAwaitsSomethingElseTheUnhopIsDurableWithinMilliseconds() async throws {
+        let folder = try TemporaryDirectory()
+        let gate = Gate()
+        let engine = HopEngine(store: try await HopStore.open(path: folder.database), logger: Self.quiet)
+        engine.register(
+            Flow("pair", version: "1") { flow in
+                try await flow.hop(to: "first")
+                await gate.wait()
+                try await flow.hop(to: "second")
+            })
+        engine.register(step: "first") { _ in }
+        engine.register(step: "second") { _ in }
+        let run = try await engine.start("pair")
+        let elsewhere = try await HopStore.open(path: folder.database, options: HopStore.Options(migrate: false))
+        try await waitUntil("another process sees the first step's unhop", timeout: .seconds(20)) {
+            try await elsewhere.history(runID: run.id).map(\.kind) == [.hop, .unhop]
+        }
+        gate.open()
+        #expect(try await engine.settled(runID: run.id)?.status == .completed)
+        #expect(
+            try await elsewhere.history(runID: run.id).map(\.kind) == [.hop, .unhop, .hop, .unhop, .complete])
+    }
+
+    /// `flow.makeDurable()` right after a step commits the step's end too, though no record
+    /// came since (the store's own commit delay is longer than the test).
+    @Test func flowMakeDurableCommitsTheEndOfTheStepThatReturned() async throws {
+        let folder = try TemporaryDirectory()
+        var options = HopStore.Options()
+        options.commitDelay = .seconds(600)
+        let engine = HopEngine(
+            store: try await HopStore.open(path: folder.database, options: options), logger: Self.quiet)
+        let gate = Gate()
+        let madeDurable = Gate()
+        engine.register(
+            Flow("pair", version: "1") { flow in
+                try await flow.hop(to: "first")
+                try await flow.makeDurable()
+                madeDurable.open()
+                await gate.wait()
+                try await flow.hop(to: "second")
+            })
+        engine.register(step: "first") { _ in }
+        engine.register(step: "second") { _ in }
+        let run = try await engine.start("pair")
+        await madeDurable.wait()
+        let elsewhere = try await HopStore.open(path: folder.database, options: HopStore.Options(migrate: false))
+        #expect(try await elsewhere.history(runID: run.id).map(\.kind) == [.hop, .unhop])
+        gate.open()
+        #expect(try await engine.settled(runID: run.id)?.status == .completed)
+    }
+
+    /// A step that unhops after it returned (from a task it left behind) is refused, whether
+    /// its end is still held or already written, and the step ends once.
+    @Test func aStepThatUnhopsAfterItReturnedIsRefusedAndEndsOnce() async throws {
+        let folder = try TemporaryDirectory()
+        let engine = HopEngine(store: try await HopStore.open(path: folder.database), logger: Self.quiet)
+        let returned = Gate()
+        let late = Mutex<Task<HopError.Code?, Never>?>(nil)
+        let gate = Gate()
+        engine.register(
+            Flow("pair", version: "1") { flow in
+                try await flow.hop(to: "first")
+                returned.open()
+                await gate.wait()
+                try await flow.hop(to: "second")
+            })
+        engine.register(step: "first") { context in
+            late.withLock {
+                $0 = Task {
+                    await returned.wait()
+                    do {
+                        try await context.unhop()
+                        return nil
+                    } catch let error as HopError {
+                        return error.code
+                    } catch {
+                        return .invalidInput
+                    }
+                }
+            }
+        }
+        engine.register(step: "second") { _ in }
+        let run = try await engine.start("pair")
+        await returned.wait()
+        let task = try #require(late.withLock { $0 })
+        #expect(await task.value == .refused)
+        gate.open()
+        #expect(try await engine.settled(runID: run.id)?.status == .completed)
+        #expect(
+            try await engine.storage.history(runID: run.id).map(\.kind) == [.hop, .unhop, .hop, .unhop, .complete])
+    }
+}
