@@ -131,39 +131,29 @@ extension PostgresStore: HopStorage {
         let span = Int64(max(1, pruning.scanSpan))
         // The runs in order of id, `scanSpan` at a time (as on SQLite): no transaction reads every
         // run, and none reads again the runs an earlier one passed over.
-        var after =
-            try await readOne("SELECT min(id) - 1 FROM runs", operation: operation) {
-                try $0.optionalInt64(0)
-            } ?? nil
-        while let start = after {
-            try Task.checkCancellation()
-            let look: (runs: Int, entries: Int, next: Int64?) = try await transaction(operation) { tx in
+        let first = try await readOne("SELECT min(id) - 1 FROM runs", operation: operation) {
+            try $0.optionalInt64(0)
+        }
+        try await Pruning.look(after: first ?? nil, into: &report) { start in
+            try await transaction(operation) { tx in
                 guard
                     let end = try await tx.queryOne(
                         "SELECT max(id) FROM (SELECT id FROM runs WHERE id > $1 ORDER BY id LIMIT $2) AS look",
                         [.int(start), .int(span)], { try $0.optionalInt64(0) }) ?? nil
-                else { return (0, 0, nil) }
+                else { return .done }
                 let ids = try await tx.query(
                     "SELECT r.id \(selection) AND r.id > $5 AND r.id <= $6 ORDER BY r.id LIMIT $4 FOR UPDATE SKIP LOCKED",
                     values + [.int(batchSize), .int(start), .int(end)]
                 ) { try $0.int64(0) }
-                // A full batch may leave more in this look: the next one goes on after it.
-                let next = Int64(ids.count) == batchSize ? ids.last : end
-                guard !ids.isEmpty else { return (0, 0, next) }
+                guard !ids.isEmpty else { return Pruning.Look(found: ids, batchSize: batchSize, end: end) }
                 let entries =
                     try await tx.queryOne("SELECT count(*) FROM history WHERE run_id = ANY($1)", [.ints(ids)]) {
                         Int(try $0.int64(0))
                     } ?? 0
                 // The history goes with its run (ON DELETE CASCADE).
                 let runs = try await tx.run("DELETE FROM runs WHERE id = ANY($1) RETURNING 1", [.ints(ids)])
-                return (runs, entries, next)
+                return Pruning.Look(found: ids, batchSize: batchSize, end: end, runs: runs, entries: entries)
             }
-            if look.runs > 0 {
-                report.runs += look.runs
-                report.historyEntries += look.entries
-                report.batches += 1
-            }
-            after = look.next
         }
         return report
     }

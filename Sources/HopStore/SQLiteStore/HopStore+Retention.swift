@@ -50,27 +50,23 @@ extension HopStore {
         // many runs the database holds; no look reads again the runs an earlier one passed over.
         // (One statement over every run held the lock for 0.43 s at 1,000,000 runs even when
         // nothing was old enough.)
-        var after =
-            try connection.queryOne("SELECT min(id) - 1 FROM runs", [], operation: operation) {
-                $0.optionalInt64(0)
-            } ?? nil
-        while let start = after {
-            try Task.checkCancellation()
-            let look: (runs: Int, entries: Int, next: Int64?) = try await transaction(operation) { tx in
+        let first = try connection.queryOne("SELECT min(id) - 1 FROM runs", [], operation: operation) {
+            $0.optionalInt64(0)
+        }
+        try await Pruning.look(after: first ?? nil, into: &report) { start in
+            try await transaction(operation) { tx in
                 // The last id of the next `span` runs: the end of this look (none left: done).
                 guard
                     let end = try tx.queryOne(
                         "SELECT max(id) FROM (SELECT id FROM runs WHERE id > ?1 ORDER BY id LIMIT ?2)",
                         [.integer(start), .integer(span)], operation: operation, { $0.optionalInt64(0) }
                     ) ?? nil
-                else { return (0, 0, nil) }
+                else { return .done }
                 let ids = try tx.query(
                     "SELECT r.id \(selection) AND r.id > ?5 AND r.id <= ?6 ORDER BY r.id LIMIT ?4",
                     arguments + [.integer(batchSize), .integer(start), .integer(end)], operation: operation
                 ) { $0.int64(0) }
-                // A full batch may leave more in this look: the next one goes on after it.
-                let next = ids.count == batchSize ? ids.last : end
-                guard !ids.isEmpty else { return (0, 0, next) }
+                guard !ids.isEmpty else { return Pruning.Look(found: ids, batchSize: batchSize, end: end) }
                 let list = SQLValue.text(Self.jsonList(ids))
                 let entries = try tx.queryOne(
                     "SELECT count(*) FROM history WHERE run_id IN (SELECT value FROM json_each(?1))", [list],
@@ -79,14 +75,8 @@ extension HopStore {
                 // The history goes with its run (ON DELETE CASCADE).
                 let runs = try tx.run(
                     "DELETE FROM runs WHERE id IN (SELECT value FROM json_each(?1))", [list], operation: operation)
-                return (runs, entries ?? 0, next)
+                return Pruning.Look(found: ids, batchSize: batchSize, end: end, runs: runs, entries: entries ?? 0)
             }
-            if look.runs > 0 {
-                report.runs += look.runs
-                report.historyEntries += look.entries
-                report.batches += 1
-            }
-            after = look.next
         }
         if report.runs > 0 { report.reclaimedBytes = try await reclaimFreePages(operation: operation) }
         return report
@@ -169,6 +159,52 @@ public struct Pruning: Sendable, Equatable {
         self.keepLast = keepLast
         self.batchSize = batchSize
         self.scanSpan = scanSpan
+    }
+}
+
+extension Pruning {
+    /// What one look of a prune removed, and where the next look starts.
+    package struct Look: Sendable {
+        /// Runs removed, and their history entries.
+        package var runs = 0
+        package var entries = 0
+        /// The id after which the next look starts; `nil` when no run is left to look at.
+        package var next: Int64?
+
+        /// A look over the runs after one id up to `end` that found `ids` to remove, at most
+        /// `batchSize` of them: a full batch may leave more in the look, so the next one goes
+        /// on after the last removed; otherwise after the look's end.
+        package init(found ids: [Int64], batchSize: Int64, end: Int64, runs: Int = 0, entries: Int = 0) {
+            self.runs = runs
+            self.entries = entries
+            next = Int64(ids.count) == batchSize ? ids.last : end
+        }
+
+        /// No run is left to look at.
+        package static let done = Look()
+
+        private init() {}
+    }
+
+    /// Runs `look` over the database's runs, from the one after `first` on, each look starting
+    /// where the one before ended, until a look finds no run left; adds what they removed to
+    /// `report` (a batch for each look that removed runs). Stops at cancellation. Runs on the
+    /// caller's actor (the store's), where the looks' transactions do.
+    package static func look(
+        after first: Int64?, into report: inout PruneReport, isolation: isolated (any Actor)? = #isolation,
+        _ look: (_ after: Int64) async throws -> Look
+    ) async throws {
+        var after = first
+        while let start = after {
+            try Task.checkCancellation()
+            let result = try await look(start)
+            if result.runs > 0 {
+                report.runs += result.runs
+                report.historyEntries += result.entries
+                report.batches += 1
+            }
+            after = result.next
+        }
     }
 }
 
