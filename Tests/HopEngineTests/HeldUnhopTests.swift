@@ -188,6 +188,33 @@ import Testing
         #expect(try await engine.settled(runID: run.id)?.status == .completed)
     }
 
+    /// `engine.makeDurable()` commits the ends of the steps that returned, held or not.
+    @Test func engineMakeDurableCommitsTheEndsOfStepsThatReturned() async throws {
+        let folder = try TemporaryDirectory()
+        var options = HopStore.Options()
+        options.commitDelay = .seconds(600)
+        let engine = HopEngine(
+            store: try await HopStore.open(path: folder.database, options: options), logger: Self.quiet)
+        let gate = Gate()
+        let returned = Gate()
+        engine.register(
+            Flow("pair", version: "1") { flow in
+                try await flow.hop(to: "first")
+                returned.open()
+                await gate.wait()
+                try await flow.hop(to: "second")
+            })
+        engine.register(step: "first") { _ in }
+        engine.register(step: "second") { _ in }
+        let run = try await engine.start("pair")
+        await returned.wait()
+        try await engine.makeDurable()
+        let elsewhere = try await HopStore.open(path: folder.database, options: HopStore.Options(migrate: false))
+        #expect(try await elsewhere.history(runID: run.id).map(\.kind) == [.hop, .unhop])
+        gate.open()
+        #expect(try await engine.settled(runID: run.id)?.status == .completed)
+    }
+
     /// A step that unhops after it returned (from a task it left behind) is refused, whether
     /// its end is still held or already written, and the step ends once.
     @Test func aStepThatUnhopsAfterItReturnedIsRefusedAndEndsOnce() async throws {
