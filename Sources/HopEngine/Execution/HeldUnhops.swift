@@ -123,11 +123,11 @@ extension RunExecutor {
             case .writing(let task): return task
             case .held(let step, let token):
                 let task = Task {
-                    _ = try? await self.record(.unhop, step) { storage, runID, owner in
+                    let written = try? await self.record(.unhop, step) { storage, runID, owner in
                         try await storage.recordUnhop(
                             runID: runID, token: token, output: nil, owner: owner, durability: .coalesced)
                     }
-                    self.environment.metrics.unhops.increment()
+                    if written != nil { self.environment.metrics.unhops.increment() }
                     self.held.withLock { $0 = .none }
                 }
                 state = .writing(task)
