@@ -215,6 +215,55 @@ import Testing
         #expect(try await engine.settled(runID: run.id)?.status == .completed)
     }
 
+    /// A step that returned here and was then ended from outside (`engine.unhop` with its
+    /// token) before its held unhop was written: the run goes on from its history, with the
+    /// outside unhop's output, the step not run again. The held unhop is refused either with
+    /// the body's next record (`bySweep: false`) or when written alone after the hold limit,
+    /// while the body awaits something else (`bySweep: true`).
+    @Test(arguments: [false, true])
+    func aStepEndedFromOutsideBeforeItsHeldUnhopIsWrittenGoesOnFromHistory(bySweep: Bool) async throws {
+        let folder = try TemporaryDirectory()
+        let sweeps = Mutex(0)
+        var configuration = HopEngine.Configuration(observer: { event in
+            if case .willRecord(_, .unhop, "first") = event { sweeps.withLock { $0 += 1 } }
+        })
+        // Held until the body's next record, or written alone half a second after the step returned.
+        configuration.heldUnhopLimit = bySweep ? .milliseconds(500) : .seconds(600)
+        let engine = HopEngine(
+            store: try await HopStore.open(path: folder.database), logger: Self.quiet, configuration: configuration)
+        let returned = Gate()
+        let gate = Gate()
+        let outputs = Mutex<[String?]>([])
+        let entered = Mutex(0)
+        engine.register(
+            Flow("pair", version: "1") { flow in
+                let output = try await flow.hop(to: "first", as: String.self)
+                outputs.withLock { $0.append(output) }
+                returned.open()
+                await gate.wait()
+                try await flow.hop(to: "second")
+            })
+        engine.register(step: "first") { _ in entered.withLock { $0 += 1 } }
+        engine.register(step: "second") { _ in }
+        let run = try await engine.start("pair")
+        await returned.wait()
+        let inFlight = try #require(try await engine.inFlight(flow: "pair"))
+        #expect(inFlight.step == "first", "the held unhop was written before the test could race it")
+        try await engine.unhop(flow: "pair", token: inFlight.token, output: "from outside")
+        if bySweep {
+            try await waitUntil("the held unhop is written alone", timeout: .seconds(20)) { sweeps.withLock { $0 } > 0 }
+        }
+        gate.open()
+        try await waitUntil("the run completes", timeout: .seconds(20)) {
+            try await engine.storage.run(id: run.id)?.status == .completed
+        }
+        let history = try await engine.storage.history(runID: run.id)
+        #expect(history.map(\.kind) == [.hop, .unhop, .hop, .unhop, .complete])
+        #expect(history[1].value == #""from outside""#)
+        #expect(entered.withLock { $0 } == 1, "the step ran again")
+        #expect(outputs.withLock { $0 } == [nil, "from outside"], "the body went on without the history's output")
+    }
+
     /// A step that unhops after it returned (from a task it left behind) is refused, whether
     /// its end is still held or already written, and the step ends once.
     @Test func aStepThatUnhopsAfterItReturnedIsRefusedAndEndsOnce() async throws {

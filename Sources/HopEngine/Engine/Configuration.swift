@@ -32,6 +32,9 @@ extension HopEngine {
         /// Removes finished runs and their history periodically while the engine runs (as
         /// `hopctl prune` does); `nil`, the default, keeps every run.
         public var retention: Retention?
+        /// How long the unhop of a step that returned waits for its run's next record before it
+        /// is written alone (`HeldUnhops`); tests lengthen it to hold one on purpose.
+        package var heldUnhopLimit: Duration = .milliseconds(2)
 
         public init(
             pollInterval: Duration = .milliseconds(50), leaseDuration: Duration = .seconds(10),

@@ -19,7 +19,7 @@ final class ExecutionEnvironment: Sendable {
     /// Which runs this engine holds, and which it found it lost.
     let holdings = Mutex(Holdings())
     /// The runs whose executor holds the unhop of a step that returned.
-    let heldUnhops = HeldUnhops()
+    let heldUnhops: HeldUnhops
 
     init(
         storage: any HopStorage, incarnation: Incarnation, configuration: HopEngine.Configuration,
@@ -31,6 +31,7 @@ final class ExecutionEnvironment: Sendable {
         self.metrics = metrics
         self.tracer = configuration.tracer ?? InstrumentationSystem.tracer
         self.logger = logger
+        heldUnhops = HeldUnhops(limit: configuration.heldUnhopLimit)
     }
 
     /// The owner value this engine writes with.

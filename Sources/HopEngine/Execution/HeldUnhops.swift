@@ -23,9 +23,11 @@ enum HeldUnhop: Sendable {
 /// held longer than ``limit``: it runs while any is held, every `limit`.
 final class HeldUnhops: Sendable {
     /// How long an unhop stays held before it is written alone: the store's commit delay for
-    /// coalesced writes, so that a step's end is durable within a few milliseconds whatever
-    /// the flow body does next.
-    static let limit: Duration = .milliseconds(2)
+    /// coalesced writes (2 ms), so that a step's end is durable within a few milliseconds
+    /// whatever the flow body does next.
+    let limit: Duration
+
+    init(limit: Duration) { self.limit = limit }
 
     private struct State {
         var held: [Int64: (executor: RunExecutor, since: ContinuousClock.Instant)] = [:]
@@ -62,9 +64,9 @@ final class HeldUnhops: Sendable {
 
     private func sweep() async {
         while true {
-            try? await Task.sleep(for: Self.limit)
+            try? await Task.sleep(for: limit)
             let (due, done) = state.withLock { state -> ([RunExecutor], Bool) in
-                let cutoff = ContinuousClock.now.advanced(by: .zero - Self.limit)
+                let cutoff = ContinuousClock.now.advanced(by: .zero - limit)
                 let due = state.held.values.filter { $0.since <= cutoff }.map(\.executor)
                 for executor in due { state.held[executor.run.id] = nil }
                 if state.held.isEmpty { state.sweeping = false }
@@ -86,7 +88,7 @@ extension RunExecutor {
 
     /// Takes the held unhop, if any, for the caller to write with its record; waits while it
     /// is being written alone.
-    func takeHeldUnhop() async -> (step: String, token: String)? {
+    func takeHeldUnhop() async throws -> (step: String, token: String)? {
         while true {
             let (taken, writing) = held.withLock { state -> ((step: String, token: String)?, Task<Void, Never>?) in
                 switch state {
@@ -99,6 +101,9 @@ extension RunExecutor {
             }
             if let writing {
                 await writing.value
+                // Written alone, the unhop may have found the step ended from outside: then
+                // this execution stopped, and writes nothing more.
+                try throwIfStopped()
                 continue
             }
             if taken != nil { environment.heldUnhops.release(run.id) }
@@ -123,11 +128,18 @@ extension RunExecutor {
             case .writing(let task): return task
             case .held(let step, let token):
                 let task = Task {
-                    let written = try? await self.record(.unhop, step) { storage, runID, owner in
-                        try await storage.recordUnhop(
-                            runID: runID, token: token, output: nil, owner: owner, durability: .coalesced)
+                    do {
+                        try await self.record(.unhop, step) { storage, runID, owner in
+                            try await storage.recordUnhop(
+                                runID: runID, token: token, output: nil, owner: owner, durability: .coalesced)
+                        }
+                        self.environment.metrics.unhops.increment()
+                    } catch let error as HopError where error.code == .refused {
+                        try? await self.stopIfStepEndedElsewhere(step: step, token: token)
+                    } catch {
+                        // Lost with the transaction, or the run was finished elsewhere: the
+                        // run's next record, refused, says so.
                     }
-                    if written != nil { self.environment.metrics.unhops.increment() }
                     self.held.withLock { $0 = .none }
                 }
                 state = .writing(task)
@@ -136,6 +148,18 @@ extension RunExecutor {
         }
         environment.heldUnhops.release(run.id)
         await writing?.value
+    }
+
+    /// When `step`, which returned here (hopped with `token`), was ended from outside before
+    /// its unhop was written (`engine.unhop` with its token), stops this execution: the run is
+    /// executed again from its history, which holds that end and its output.
+    func stopIfStepEndedElsewhere(step: String, token: String) async throws {
+        guard let current = try await storage.run(id: run.id), current.status.isUnfinished,
+            current.currentToken != token
+        else { return }
+        dropHeldUnhop()
+        stop(Suspension.endedElsewhere(step: step))
+        throw Suspension.endedElsewhere(step: step)
     }
 
     /// Forgets the held unhop: the execution ends without writing more (the run was finished
@@ -153,7 +177,7 @@ extension RunExecutor {
     func record(
         _ write: RunWrite, _ kind: HistoryKind, _ name: String?, durability: WriteDurability
     ) async throws -> HistoryEntry {
-        guard let (step, token) = await takeHeldUnhop() else {
+        guard let (step, token) = try await takeHeldUnhop() else {
             return try await record(kind, name) { storage, runID, owner in
                 try await storage.record(write, runID: runID, owner: owner, durability: durability)
             }
@@ -168,9 +192,14 @@ extension RunExecutor {
                 durability: durability)
         } catch {
             // Nothing of it was written: the unhop waits for the run's next record, unless the
-            // run was finished or taken over elsewhere (then this execution stops).
+            // run was finished or taken over elsewhere (then this execution stops), or the step
+            // was ended from outside meanwhile (`engine.unhop` with its token): then the run is
+            // executed again from its history, which holds that end and its output.
             restoreHeldUnhop(step: step, token: token)
-            if let refusal = error as? HopError, refusal.code == .refused { try await stopIfFinishedElsewhere() }
+            if let refusal = error as? HopError, refusal.code == .refused {
+                try await stopIfFinishedElsewhere()
+                try await stopIfStepEndedElsewhere(step: step, token: token)
+            }
             throw error
         }
         environment.metrics.unhops.increment()

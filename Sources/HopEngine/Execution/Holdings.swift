@@ -39,4 +39,7 @@ enum Suspension: Error {
     case parked(step: String)
     /// The run was finished elsewhere (cancelled, restarted) or taken over; it never advances here again.
     case finished
+    /// The step that returned here was ended from outside before its unhop was written (its
+    /// token, through `engine.unhop`): the run is executed again, from its history.
+    case endedElsewhere(step: String)
 }

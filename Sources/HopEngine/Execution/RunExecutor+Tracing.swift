@@ -34,7 +34,8 @@ extension RunExecutor {
         case finishedElsewhere = "finished_elsewhere"
         /// Another engine holds the run, or it no longer runs: this execution never started it.
         case notClaimed = "not_claimed"
-        /// The engine stopped (shutdown) or the database failed: the run stays resumable.
+        /// The engine stopped (shutdown) or the database failed: the run stays resumable; or a
+        /// step was ended from outside as it returned here: the run is executed again.
         case interrupted
         /// The run's history no longer matches its flow's code.
         case diverged
@@ -77,6 +78,8 @@ extension RunExecutor {
             span.setAttribute(SpanKey.outcome, SpanOutcome.parked.rawValue)
         case Suspension.finished:
             span.setAttribute(SpanKey.outcome, SpanOutcome.finishedElsewhere.rawValue)
+        case Suspension.endedElsewhere:
+            span.setAttribute(SpanKey.outcome, SpanOutcome.interrupted.rawValue)
         case _ where Task.isCancelled:
             span.setAttribute(SpanKey.outcome, SpanOutcome.interrupted.rawValue)
         case let failure as HopError where failure.code == .diverged:

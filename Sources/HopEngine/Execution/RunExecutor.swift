@@ -19,6 +19,9 @@ final class RunExecutor: FlowExecution {
         /// Parked on a step that a stored change ends, which may have come as it parked: the
         /// engine executes the run again if it is running now.
         case parkedOnWake
+        /// Stopped because its state changed from outside (a step ended there): the engine
+        /// executes the run again, from its history, if it is running now.
+        case again
     }
 
     let run: RunRecord
@@ -251,6 +254,11 @@ final class RunExecutor: FlowExecution {
         replay.withLock { $0.stop(error) }
     }
 
+    /// Throws why this execution stopped, if it did.
+    func throwIfStopped() throws {
+        try replay.withLock { try $0.throwIfStopped() }
+    }
+
     // MARK: Recording
 
     /// Commits one history entry through `commit`, handed the storage, the run's id and this
@@ -325,6 +333,11 @@ final class RunExecutor: FlowExecution {
             }
         case Suspension.finished:
             logger.info("run was finished or taken over elsewhere; stopped executing it, writing nothing more")
+        case Suspension.endedElsewhere(let step):
+            logger.info(
+                "step was ended from outside before its unhop was written; executing the run again from its history",
+                metadata: ["hop.step": "\(step)"])
+            return .again
         case _ where Task.isCancelled:
             logger.info("stopped executing run; it stays resumable")
             try? await writeHeldUnhop()  // the last step's end is kept: it does not run again

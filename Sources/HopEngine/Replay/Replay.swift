@@ -106,6 +106,11 @@ struct Replay {
         }
     }
 
+    /// Throws why the execution stopped, if it did.
+    func throwIfStopped() throws {
+        if let stopped { throw stopped }
+    }
+
     /// Stops the execution: every later call of the body throws `error` (the first one given).
     mutating func stop(_ error: any Error) {
         if stopped == nil { stopped = error }
