@@ -264,6 +264,48 @@ import Testing
         #expect(outputs.withLock { $0 } == [nil, "from outside"], "the body went on without the history's output")
     }
 
+    /// A step still running when it is ended from outside (`engine.unhop` with its token):
+    /// its own unhop is refused, which fails neither the step nor the run; the run goes on
+    /// from its history, with the outside unhop's output.
+    @Test func aRunningStepEndedFromOutsideLetsTheRunGoOnFromHistory() async throws {
+        let folder = try TemporaryDirectory()
+        let engine = HopEngine(store: try await HopStore.open(path: folder.database), logger: Self.quiet)
+        let running = Gate()
+        let proceed = Gate()
+        let refusal = Mutex<HopError.Code?>(nil)
+        let outputs = Mutex<[String?]>([])
+        engine.register(
+            Flow("pair", version: "1") { flow in
+                let output = try await flow.hop(to: "first", as: String.self)
+                outputs.withLock { $0.append(output) }
+                try await flow.hop(to: "second")
+            })
+        engine.register(step: "first") { context in
+            running.open()
+            await proceed.wait()
+            do {
+                try await context.unhop(output: "own")
+            } catch let error as HopError {
+                refusal.withLock { $0 = error.code }
+                throw error
+            }
+        }
+        engine.register(step: "second") { _ in }
+        let run = try await engine.start("pair")
+        await running.wait()
+        let inFlight = try #require(try await engine.inFlight(flow: "pair"))
+        try await engine.unhop(flow: "pair", token: inFlight.token, output: "from outside")
+        proceed.open()
+        try await waitUntil("the run completes", timeout: .seconds(20)) {
+            try await engine.storage.run(id: run.id)?.status == .completed
+        }
+        #expect(refusal.withLock { $0 } == .refused)
+        let history = try await engine.storage.history(runID: run.id)
+        #expect(history.map(\.kind) == [.hop, .unhop, .hop, .unhop, .complete])
+        #expect(history[1].value == #""from outside""#)
+        #expect(outputs.withLock { $0 } == ["from outside"])
+    }
+
     /// A step that unhops after it returned (from a task it left behind) is refused, whether
     /// its end is still held or already written, and the step ends once.
     @Test func aStepThatUnhopsAfterItReturnedIsRefusedAndEndsOnce() async throws {

@@ -43,7 +43,8 @@ extension RunExecutor {
                 return try await stepReturned(finished, step: step, token: token, unhop: unhop, started: started)
             } catch {
                 if let output = try await stepThrew(
-                    error, step: step, retry: registration.retry, attempt: attempt, unhop: unhop, span: span)
+                    error, step: step, token: token, retry: registration.retry, attempt: attempt, unhop: unhop,
+                    span: span)
                 {
                     return output
                 }
@@ -97,7 +98,8 @@ extension RunExecutor {
     /// the retry policy's backoff, or throws to stop or fail the run.
     @inline(never)
     private func stepThrew(
-        _ error: any Error, step: String, retry: RetryPolicy, attempt: Int, unhop: StepUnhop, span: any Span
+        _ error: any Error, step: String, token: String, retry: RetryPolicy, attempt: Int, unhop: StepUnhop,
+        span: any Span
     ) async throws -> StepOutput? {
         if Task.isCancelled { throw error }
         // The database failed (I/O, full disk, busy) while the step unhopped or read it:
@@ -111,6 +113,9 @@ extension RunExecutor {
                 metadata: ["hop.run": "\(run.id)", "hop.step": "\(step)", "hop.error": "\(error)"])
             return StepOutput(json: unhop.result.output)
         }
+        // Ended from outside meanwhile (`engine.unhop` with its token; its own unhop was then
+        // refused): not a failure of the step's; the run goes on from its history.
+        try await stopIfStepEndedElsewhere(step: step, token: token)
         let final = attempt >= retry.maxAttempts
         // Each failed attempt is on the step's span; the last one fails it (see `enter`).
         if !final { span.recordError(error, attributes: [SpanKey.attempts: .int64(Int64(attempt))]) }
