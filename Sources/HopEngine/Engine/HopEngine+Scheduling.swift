@@ -56,13 +56,8 @@ extension HopEngine {
 
     /// - Parameter stored: the run as its execution ended, when the execution read it.
     private func didSettle(_ runID: Int64, _ settlement: RunExecutor.Settlement, stored: RunRecord?) async {
-        switch settlement {
-        case .parkedOnWake, .again:
-            // The stored change came as the run parked (it ended the step), or it stopped the
-            // execution: the run goes on from its history.
-            if let run = try? await storage.run(id: runID), run.status == .running { executeAgain.insert(runID) }
-        case .settled:
-            break
+        if case .again = settlement, let run = try? await storage.run(id: runID), run.status == .running {
+            executeAgain.insert(runID)  // its step was ended elsewhere as it parked, or as it returned
         }
         executing[runID] = nil
         environment.holdings.withLock { $0.settled(runID) }

@@ -113,10 +113,12 @@ extension RunExecutor {
 
     /// Puts an unhop back that a failed record took: nothing of that record was written.
     func restoreHeldUnhop(step: String, token: String) {
-        held.withLock { state in
-            if case .none = state { state = .held(step: step, token: token) }
+        let restored = held.withLock { state in
+            guard case .none = state else { return false }
+            state = .held(step: step, token: token)
+            return true
         }
-        environment.heldUnhops.hold(self)
+        if restored { environment.heldUnhops.hold(self) }
     }
 
     /// Writes the held unhop alone, if one is held, and returns once it is written (or failed:
@@ -171,12 +173,11 @@ extension RunExecutor {
         environment.heldUnhops.release(run.id)
     }
 
-    /// Records `write` (a record of `kind`, named `name`) for the run; with the held unhop
-    /// before it, in one write, when one is held.
+    /// Records `write` for the run; with the held unhop before it, in one write, when one is
+    /// held. `step` names the step of an unhop, for the observer (the write does not carry it).
     @discardableResult
-    func record(
-        _ write: RunWrite, _ kind: HistoryKind, _ name: String?, durability: WriteDurability
-    ) async throws -> HistoryEntry {
+    func record(_ write: RunWrite, step name: String? = nil, durability: WriteDurability) async throws -> HistoryEntry {
+        let (kind, name) = (write.kind, name ?? write.name)
         guard let (step, token) = try await takeHeldUnhop() else {
             return try await record(kind, name) { storage, runID, owner in
                 try await storage.record(write, runID: runID, owner: owner, durability: durability)

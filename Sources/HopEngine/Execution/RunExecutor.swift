@@ -16,11 +16,9 @@ final class RunExecutor: FlowExecution {
     enum Settlement: Sendable {
         /// Nothing more to do here (completed, failed, stopped, held elsewhere, parked).
         case settled
-        /// Parked on a step that a stored change ends, which may have come as it parked: the
-        /// engine executes the run again if it is running now.
-        case parkedOnWake
-        /// Stopped because its state changed from outside (a step ended there): the engine
-        /// executes the run again, from its history, if it is running now.
+        /// The engine executes the run again, from its history, if it is running now: it parked
+        /// on a step that a stored change ends, which may have come as it parked; or a step was
+        /// ended from outside as it returned here.
         case again
     }
 
@@ -148,8 +146,7 @@ final class RunExecutor: FlowExecution {
         if parks { environment.holdings.withLock { _ = $0.held.remove(run.id) } }
         let recordedFrom = hook == nil ? nil : from
         let entry = try await record(
-            .hop(step: step, from: recordedFrom, parks: parks, wakeOn: wakeOn, deadline: deadline), .hop, step,
-            durability: .now)
+            .hop(step: step, from: recordedFrom, parks: parks, wakeOn: wakeOn, deadline: deadline), durability: .now)
         environment.metrics.hops.increment()
         replay.withLock { $0.lastStep = step }
         return (entry.token ?? "", deadline)
@@ -176,7 +173,7 @@ final class RunExecutor: FlowExecution {
             deadline = Date(timeIntervalSince1970: Double(milliseconds) / 1000)
         } else {
             deadline = Date().addingTimeInterval(duration.timeInterval)
-            try await record(.timer(name: name, deadline: deadline), .timer, name, durability: .now)
+            try await record(.timer(name: name, deadline: deadline), durability: .now)
         }
         let wait = deadline.timeIntervalSinceNow
         if wait > 0 {
@@ -201,7 +198,7 @@ final class RunExecutor: FlowExecution {
         }
         let value = try await read()
         let json = try JSONCoding.encode(value)
-        try await record(.decision(name: name, value: json), .decision, name, durability: .coalesced)
+        try await record(.decision(name: name, value: json), durability: .coalesced)
         return value
     }
 
@@ -231,7 +228,7 @@ final class RunExecutor: FlowExecution {
     /// Which branch of patch `name` the run takes: the replayed one, or the new one, recorded.
     func patched(_ name: String) async throws -> Bool {
         if let replayed = try replay.withLock({ try $0.consumePatch(name) }) { return replayed }
-        try await record(.patch(name: name), .patch, name, durability: .coalesced)
+        try await record(.patch(name: name), durability: .coalesced)
         return true
     }
 
@@ -239,7 +236,7 @@ final class RunExecutor: FlowExecution {
     func markUsed(_ feature: String) async throws {
         let name = markUsedEffectName(feature)
         if try replay.withLock({ try $0.consume(.effect, name) }) != nil { return }
-        try await record(.markUsed(feature: feature), .effect, name, durability: .coalesced)
+        try await record(.markUsed(feature: feature), durability: .coalesced)
     }
 
     /// Commits every record of this run (and of every other) applied so far, and the unhop of
@@ -311,7 +308,7 @@ final class RunExecutor: FlowExecution {
     private func complete() async throws {
         try replay.withLock { try $0.finish() }
         // The run's end is a durable boundary: a completed run is durable once it settles.
-        try await record(.complete, .complete, nil, durability: .now)
+        try await record(.complete, durability: .now)
         environment.logger.info("run completed", metadata: environment.metadata(run))
     }
 
@@ -329,7 +326,7 @@ final class RunExecutor: FlowExecution {
             logger.debug("run parked on an external step", metadata: ["hop.step": "\(step)"])
             // A step that waits for a stored change that had already come ended as it parked.
             if case .external(let external)? = environment.step(named: step)?.kind, external.wakeOn != nil {
-                return .parkedOnWake
+                return .again
             }
         case Suspension.finished:
             logger.info("run was finished or taken over elsewhere; stopped executing it, writing nothing more")

@@ -109,7 +109,7 @@ final class StepUnhop: Sendable {
             )
         }
         defer { state.withLock { $0.writing = false } }
-        try await executor.record(.unhop(token: token, output: output), .unhop, step, durability: .coalesced)
+        try await executor.record(.unhop(token: token, output: output), step: step, durability: .coalesced)
         executor.environment.metrics.unhops.increment()
         state.withLock {
             $0.unhopped = true

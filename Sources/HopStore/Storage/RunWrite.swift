@@ -25,6 +25,31 @@ package enum RunWrite: Sendable {
     /// The flow body returned: the run is completed.
     case complete
 
+    /// The kind of the history entry the write appends.
+    package var kind: HistoryKind {
+        switch self {
+        case .hop: .hop
+        case .unhop: .unhop
+        case .decision: .decision
+        case .patch: .patch
+        case .timer: .timer
+        case .markUsed: .effect
+        case .complete: .complete
+        }
+    }
+
+    /// The name the entry records in its step column, where the write carries it: the step of
+    /// a hop, a decision's, patch's or timer's name, an effect's; `nil` for an unhop (its step is
+    /// the run's, known to the store) and a completion.
+    package var name: String? {
+        switch self {
+        case .hop(let step, _, _, _, _): step
+        case .decision(let name, _), .patch(let name), .timer(let name, _): name
+        case .markUsed(let feature): markUsedEffectName(feature)
+        case .unhop, .complete: nil
+        }
+    }
+
     /// Whether the write needs a running run (every write but an unhop, which ends a parked
     /// run's step too).
     package var needsRunningRun: Bool {
