@@ -47,6 +47,30 @@ import Testing
             "\(run.status.rawValue) step=\(run.currentStep ?? "-") token=\(run.currentToken != nil) owner=\(run.owner ?? "-") wake=\(run.wakeOn?.rawValue ?? "-") \(run.wakeAt != nil)"
     }
 
+    /// An engine on a new database in `folder` that runs the flow "pair": a hop to "first"
+    /// (whose body is `first`), then `between` with the body's context and first's output,
+    /// then a hop to "second".
+    static func pairEngine(
+        _ folder: TemporaryDirectory, commitDelay: Duration? = nil,
+        configuration: HopEngine.Configuration = HopEngine.Configuration(),
+        first: @escaping @Sendable (StepContext) async throws -> Void = { _ in },
+        between: @escaping @Sendable (_ flow: FlowContext, _ firstOutput: String?) async throws -> Void = { _, _ in }
+    ) async throws -> HopEngine {
+        var options = HopStore.Options()
+        if let commitDelay { options.commitDelay = commitDelay }
+        let engine = HopEngine(
+            store: try await HopStore.open(path: folder.database, options: options), logger: quiet,
+            configuration: configuration)
+        engine.register(
+            Flow("pair", version: "1") { flow in
+                try await between(flow, try await flow.hop(to: "first", as: String.self))
+                try await flow.hop(to: "second")
+            })
+        engine.register(step: "first", first)
+        engine.register(step: "second") { _ in }
+        return engine
+    }
+
     @Test(arguments: TestBackend.all, nextWrites)
     func anUnhopWrittenWithTheRunsNextRecordLeavesWhatTwoWritesLeave(backend: TestBackend, next: RunWrite) async throws
     {
@@ -106,8 +130,8 @@ import Testing
     @Test func aStepThatReturnsIsUnhoppedWithTheRunsNextRecordInOneWrite() async throws {
         let folder = try TemporaryDirectory()
         let events = Mutex<[String]>([])
-        let engine = HopEngine(
-            store: try await HopStore.open(path: folder.database), logger: Self.quiet,
+        let engine = try await Self.pairEngine(
+            folder,
             configuration: .init(observer: { event in
                 switch event {
                 case .willRecord(_, let kind, let step): events.withLock { $0.append("will \(kind) \(step ?? "-")") }
@@ -116,13 +140,6 @@ import Testing
                 default: break
                 }
             }))
-        engine.register(
-            Flow("pair", version: "1") { flow in
-                try await flow.hop(to: "first")
-                try await flow.hop(to: "second")
-            })
-        engine.register(step: "first") { _ in }
-        engine.register(step: "second") { _ in }
         let run = try await engine.start("pair")
         #expect(try await engine.settled(runID: run.id)?.status == .completed)
         #expect(
@@ -140,15 +157,7 @@ import Testing
     @Test func whileTheBodyAwaitsSomethingElseTheUnhopIsDurableWithinMilliseconds() async throws {
         let folder = try TemporaryDirectory()
         let gate = Gate()
-        let engine = HopEngine(store: try await HopStore.open(path: folder.database), logger: Self.quiet)
-        engine.register(
-            Flow("pair", version: "1") { flow in
-                try await flow.hop(to: "first")
-                await gate.wait()
-                try await flow.hop(to: "second")
-            })
-        engine.register(step: "first") { _ in }
-        engine.register(step: "second") { _ in }
+        let engine = try await Self.pairEngine(folder, between: { _, _ in await gate.wait() })
         let run = try await engine.start("pair")
         let elsewhere = try await HopStore.open(path: folder.database, options: HopStore.Options(migrate: false))
         try await waitUntil("another process sees the first step's unhop", timeout: .seconds(20)) {
@@ -164,22 +173,15 @@ import Testing
     /// came since (the store's own commit delay is longer than the test).
     @Test func flowMakeDurableCommitsTheEndOfTheStepThatReturned() async throws {
         let folder = try TemporaryDirectory()
-        var options = HopStore.Options()
-        options.commitDelay = .seconds(600)
-        let engine = HopEngine(
-            store: try await HopStore.open(path: folder.database, options: options), logger: Self.quiet)
         let gate = Gate()
         let madeDurable = Gate()
-        engine.register(
-            Flow("pair", version: "1") { flow in
-                try await flow.hop(to: "first")
+        let engine = try await Self.pairEngine(
+            folder, commitDelay: .seconds(600),
+            between: { flow, _ in
                 try await flow.makeDurable()
                 madeDurable.open()
                 await gate.wait()
-                try await flow.hop(to: "second")
             })
-        engine.register(step: "first") { _ in }
-        engine.register(step: "second") { _ in }
         let run = try await engine.start("pair")
         await madeDurable.wait()
         let elsewhere = try await HopStore.open(path: folder.database, options: HopStore.Options(migrate: false))
@@ -191,21 +193,14 @@ import Testing
     /// `engine.makeDurable()` commits the ends of the steps that returned, held or not.
     @Test func engineMakeDurableCommitsTheEndsOfStepsThatReturned() async throws {
         let folder = try TemporaryDirectory()
-        var options = HopStore.Options()
-        options.commitDelay = .seconds(600)
-        let engine = HopEngine(
-            store: try await HopStore.open(path: folder.database, options: options), logger: Self.quiet)
         let gate = Gate()
         let returned = Gate()
-        engine.register(
-            Flow("pair", version: "1") { flow in
-                try await flow.hop(to: "first")
+        let engine = try await Self.pairEngine(
+            folder, commitDelay: .seconds(600),
+            between: { _, _ in
                 returned.open()
                 await gate.wait()
-                try await flow.hop(to: "second")
             })
-        engine.register(step: "first") { _ in }
-        engine.register(step: "second") { _ in }
         let run = try await engine.start("pair")
         await returned.wait()
         try await engine.makeDurable()
@@ -229,22 +224,17 @@ import Testing
         })
         // Held until the body's next record, or written alone half a second after the step returned.
         configuration.heldUnhopLimit = bySweep ? .milliseconds(500) : .seconds(600)
-        let engine = HopEngine(
-            store: try await HopStore.open(path: folder.database), logger: Self.quiet, configuration: configuration)
         let returned = Gate()
         let gate = Gate()
         let outputs = Mutex<[String?]>([])
         let entered = Mutex(0)
-        engine.register(
-            Flow("pair", version: "1") { flow in
-                let output = try await flow.hop(to: "first", as: String.self)
-                outputs.withLock { $0.append(output) }
-                returned.open()
-                await gate.wait()
-                try await flow.hop(to: "second")
-            })
-        engine.register(step: "first") { _ in entered.withLock { $0 += 1 } }
-        engine.register(step: "second") { _ in }
+        let engine = try await Self.pairEngine(
+            folder, configuration: configuration, first: { _ in entered.withLock { $0 += 1 } }
+        ) { _, output in
+            outputs.withLock { $0.append(output) }
+            returned.open()
+            await gate.wait()
+        }
         let run = try await engine.start("pair")
         await returned.wait()
         let inFlight = try #require(try await engine.inFlight(flow: "pair"))
@@ -269,28 +259,23 @@ import Testing
     /// from its history, with the outside unhop's output.
     @Test func aRunningStepEndedFromOutsideLetsTheRunGoOnFromHistory() async throws {
         let folder = try TemporaryDirectory()
-        let engine = HopEngine(store: try await HopStore.open(path: folder.database), logger: Self.quiet)
         let running = Gate()
         let proceed = Gate()
         let refusal = Mutex<HopError.Code?>(nil)
         let outputs = Mutex<[String?]>([])
-        engine.register(
-            Flow("pair", version: "1") { flow in
-                let output = try await flow.hop(to: "first", as: String.self)
-                outputs.withLock { $0.append(output) }
-                try await flow.hop(to: "second")
-            })
-        engine.register(step: "first") { context in
-            running.open()
-            await proceed.wait()
-            do {
-                try await context.unhop(output: "own")
-            } catch let error as HopError {
-                refusal.withLock { $0 = error.code }
-                throw error
+        let engine = try await Self.pairEngine(
+            folder,
+            first: { context in
+                running.open()
+                await proceed.wait()
+                do {
+                    try await context.unhop(output: "own")
+                } catch let error as HopError {
+                    refusal.withLock { $0 = error.code }
+                    throw error
+                }
             }
-        }
-        engine.register(step: "second") { _ in }
+        ) { _, output in outputs.withLock { $0.append(output) } }
         let run = try await engine.start("pair")
         await running.wait()
         let inFlight = try #require(try await engine.inFlight(flow: "pair"))
@@ -310,33 +295,30 @@ import Testing
     /// its end is still held or already written, and the step ends once.
     @Test func aStepThatUnhopsAfterItReturnedIsRefusedAndEndsOnce() async throws {
         let folder = try TemporaryDirectory()
-        let engine = HopEngine(store: try await HopStore.open(path: folder.database), logger: Self.quiet)
         let returned = Gate()
         let late = Mutex<Task<HopError.Code?, Never>?>(nil)
         let gate = Gate()
-        engine.register(
-            Flow("pair", version: "1") { flow in
-                try await flow.hop(to: "first")
-                returned.open()
-                await gate.wait()
-                try await flow.hop(to: "second")
-            })
-        engine.register(step: "first") { context in
-            late.withLock {
-                $0 = Task {
-                    await returned.wait()
-                    do {
-                        try await context.unhop()
-                        return nil
-                    } catch let error as HopError {
-                        return error.code
-                    } catch {
-                        return .invalidInput
+        let engine = try await Self.pairEngine(
+            folder,
+            first: { context in
+                late.withLock {
+                    $0 = Task {
+                        await returned.wait()
+                        do {
+                            try await context.unhop()
+                            return nil
+                        } catch let error as HopError {
+                            return error.code
+                        } catch {
+                            return .invalidInput
+                        }
                     }
                 }
             }
+        ) { _, _ in
+            returned.open()
+            await gate.wait()
         }
-        engine.register(step: "second") { _ in }
         let run = try await engine.start("pair")
         await returned.wait()
         let task = try #require(late.withLock { $0 })
