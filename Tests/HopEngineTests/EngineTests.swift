@@ -498,4 +498,45 @@ struct CacheError: Error, CustomStringConvertible {
         #expect(try await store.runs(flow: nil, subject: "kiosk-3", limit: 10).isEmpty)
         #expect(try await store.runs(flow: nil, subject: nil, limit: 10).count == 4)
     }
+
+    /// `hopctl graph`: every backend counts the same edges, in the same order, from runs that
+    /// executed at once (their history entries interleaved), and none of another flow's.
+    @Test(arguments: TestBackend.all) func theHopGraphCountsEachRunsEdgesInOrder(backend: TestBackend) async throws {
+        let folder = try TemporaryDirectory()
+        let storage = try await backend.open(folder)
+        let engine = HopEngine(
+            storage: storage, logger: Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() }))
+        let paths = [
+            "a": ["splash", "onboarding", "main"], "b": ["splash", "main"], "c": ["splash", "main", "main"],
+        ]
+        engine.register(
+            Flow("tour", version: "1") { flow in
+                for step in paths[flow.subject] ?? [] { try await flow.hop(to: step) }
+            })
+        engine.register(Flow("other", version: "1") { flow in for _ in 0..<3 { try await flow.hop(to: "splash") } })
+        for step in ["splash", "onboarding", "main"] { engine.register(step: step) { _ in await Task.yield() } }
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for (flow, subject) in [("tour", "a"), ("tour", "b"), ("tour", "c"), ("other", "a")] {
+                group.addTask {
+                    let run = try await engine.start(flow, subject: subject)
+                    #expect(try await engine.settled(runID: run.id)?.status == .completed)
+                }
+            }
+            try await group.waitForAll()
+        }
+        #expect(
+            try await storage.hopGraph(flow: "tour") == [
+                HopEdge.counted(from: nil, to: "splash", count: 3),
+                HopEdge.counted(from: "splash", to: "main", count: 2),
+                HopEdge.counted(from: "main", to: "main", count: 1),
+                HopEdge.counted(from: "onboarding", to: "main", count: 1),
+                HopEdge.counted(from: "splash", to: "onboarding", count: 1),
+            ])
+        #expect(
+            try await storage.hopGraph(flow: "other") == [
+                HopEdge.counted(from: "splash", to: "splash", count: 2),
+                HopEdge.counted(from: nil, to: "splash", count: 1),
+            ])
+        #expect(try await storage.hopGraph(flow: "none").isEmpty)
+    }
 }

@@ -20,3 +20,40 @@ extension HopEdge {
         HopEdge(from: from, to: to, count: count)
     }
 }
+
+/// Counts the edges of a hop graph from hops read run by run, each run's in order.
+package struct HopGraphCount {
+    /// An edge while it is counted.
+    package struct Edge: Hashable {
+        var from: String?
+        var to: String
+    }
+
+    private var run: Int64?
+    private var previous: String?
+
+    package init() {}
+
+    /// Counts the hop of `run` to `step`: an edge from the run's previous hop, or from its start.
+    package mutating func count(run: Int64, step: String, into counts: inout [Edge: Int]) {
+        if run != self.run {
+            self.run = run
+            previous = nil
+        }
+        counts[Edge(from: previous, to: step), default: 0] += 1
+        previous = step
+    }
+
+    /// The counted edges, the most taken first, then by their steps (a run's start first).
+    package static func edges(_ counts: [Edge: Int]) -> [HopEdge] {
+        counts.map { HopEdge(from: $0.key.from, to: $0.key.to, count: $0.value) }.sorted { a, b in
+            if a.count != b.count { return a.count > b.count }
+            switch (a.from, b.from) {
+            case let (x?, y?) where x != y: return x < y
+            case (nil, _?): return true
+            case (_?, nil): return false
+            default: return a.to < b.to
+            }
+        }
+    }
+}

@@ -129,16 +129,23 @@ final class Connection {
 
     /// Runs one statement and maps each row it returns.
     func query<T>(_ sql: String, _ arguments: [SQLValue], operation: String, _ map: (Row) throws -> T) throws -> [T] {
+        var rows: [T] = []
+        try forEachRow(sql, arguments, operation: operation) { rows.append(try map($0)) }
+        return rows
+    }
+
+    /// Runs one statement and hands each row it returns to `body`, keeping none: for statements
+    /// that return more rows than should be held at once.
+    func forEachRow(_ sql: String, _ arguments: [SQLValue], operation: String, _ body: (Row) throws -> Void) throws {
         let statement = try prepared(sql, operation: operation)
         defer { sqlite3_reset(statement.handle) }
         let bound = statement.bind(arguments)
         guard bound == SQLITE_OK else { throw failure(bound, operation: operation) }
-        var rows: [T] = []
         while true {
             let code = sqlite3_step(statement.handle)
-            if code == SQLITE_DONE { return rows }
+            if code == SQLITE_DONE { return }
             guard code == SQLITE_ROW else { throw failure(code, operation: operation) }
-            rows.append(try map(Row(handle: statement.handle)))
+            try body(Row(handle: statement.handle))
         }
     }
 

@@ -151,19 +151,27 @@ extension HopStore {
     }
 
     /// The hops observed in all runs of `flow`: each edge from one entered step to the next, with its count.
+    ///
+    /// The edges are counted here from the flow's hops in order, not by SQL: a window function
+    /// (`lag`) and a `GROUP BY` of text took 8 s at 5,000,000 hops, the ordered scan alone 0.6 s.
     public func hopGraph(flow: String) throws -> [HopEdge] {
         try validate(flow, as: "flow name")
-        return try connection.query(
-            """
-            SELECT prev, step, count(*) FROM (
-                SELECT h.step AS step, lag(h.step) OVER (PARTITION BY h.run_id ORDER BY h.seq) AS prev
-                FROM runs r JOIN history h ON h.run_id = r.id
-                WHERE r.flow = ?1 AND h.kind = \(HistoryKind.hop.sql))
-            GROUP BY prev, step ORDER BY count(*) DESC, prev, step
-            """,
-            [.text(flow)], operation: "read hop graph of \(flow)"
-        ) { HopEdge(from: $0.optionalText(0), to: $0.text(1), count: Int($0.int64(2))) }
+        var counts: [HopGraphCount.Edge: Int] = [:]
+        var graph = HopGraphCount()
+        try connection.forEachRow(Self.hopGraphSQL, [.text(flow)], operation: "read hop graph of \(flow)") { row in
+            graph.count(run: row.int64(0), step: row.text(1), into: &counts)
+        }
+        return HopGraphCount.edges(counts)
     }
+
+    /// The hops of the runs of flow `?1`, run by run, each run's in order: the runs from the
+    /// index of runs by flow (in order of id) and each one's hops from history's primary key, so
+    /// that no sort is needed (the plan test checks it).
+    static let hopGraphSQL = """
+        SELECT h.run_id, h.step FROM runs r JOIN history h ON h.run_id = r.id
+        WHERE r.flow = ?1 AND h.kind = \(HistoryKind.hop.sql)
+        ORDER BY r.id, h.seq
+        """
 
     // MARK: Patches
 
