@@ -37,7 +37,15 @@ import Testing
         #expect(dry.status == 0 && dry.stdout.contains("would prune 99000 runs (495000 history entries)"), "\(dry)")
         #expect(try await store.allRuns(flow: "archive").count == 100_000)
 
-        // The prune, while one operator reads in a loop and another moves the daemon's runs on.
+        // The prune, while one operator reads in a loop and another moves the daemon's runs on,
+        // and a process writes through Hop every 2 ms waiting 250 ms at most for the lock: it
+        // gets in between two of the prune's transactions. (With SQLite's own busy handler, which
+        // tries 100 ms apart after a third of a second, 6 of 7 runs of this test saw a write wait
+        // past 250 ms; beside a prune of 1,000,000 runs one waited 2.8 s.)
+        let writer = try ChildProcess(
+            "hop-test-store", ["write-loop", folder.database, "250"], keepInputOpen: true, directory: folder)
+        defer { writer.kill() }
+        try await writer.waitForOutput("writing")
         let pruning = Task {
             try await run(
                 "hopctl", ["prune", "--finished-before", "30d", "--json", "--db", folder.database], in: folder)
@@ -66,6 +74,9 @@ import Testing
         }
         let pruned = try await pruning.value
         reading.cancel()
+        writer.closeInput()
+        #expect(try await writer.waitForExit() == 0, "\(writer.stderr)")
+        #expect(writer.stdout.contains(" failed 0 "), "a write beside the prune waited too long: \(writer.stdout)")
         #expect(try await reading.value > 0)
         #expect(pruned.status == 0, "\(pruned.stderr)")
         let report = try #require(

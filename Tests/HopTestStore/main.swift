@@ -1,6 +1,7 @@
 import CSQLite
 import Foundation
 import HopStore
+import Synchronization
 
 // Test helper: opens a Hop database in its own process, as a daemon or hopctl would.
 // Usage: hop-test-store migrate PATH    prints the schema version
@@ -13,6 +14,11 @@ import HopStore
 //                                       adds N completed runs of the flow "archive" (subjects device-0 …
 //                                       device-999, in turn), five history entries each, that finished
 //                                       DAYS days ago, in one transaction
+//        hop-test-store write-loop PATH BUSY_MS
+//                                       writes a fact in a transaction of its own every 2 ms, as a
+//                                       daemon would, waiting BUSY_MS at most for the write lock,
+//                                       until standard input closes; then prints
+//                                       "writes N failed F longest MS"
 //        hop-test-store no-auto-vacuum PATH
 //                                       rewrites the database without auto-vacuum, as Hop 0.1 created it
 // HOP_TEST_UMASK=<octal> sets the process's umask first.
@@ -85,6 +91,38 @@ if arguments.count == 3, arguments[1] == "no-auto-vacuum" {
     }
     sqlite3_close(db)
     exit(0)
+}
+if arguments.count == 4, arguments[1] == "write-loop", let busy = Int(arguments[3]) {
+    let closed = Atomic<Bool>(false)
+    Thread.detachNewThread {
+        _ = FileHandle.standardInput.readDataToEndOfFile()
+        closed.store(true, ordering: .relaxed)
+    }
+    do {
+        let store = try await HopStore.open(path: arguments[2], options: .init(busyTimeout: .milliseconds(busy)))
+        FileHandle.standardOutput.write(Data("writing\n".utf8))
+        var writes = 0
+        var failed = 0
+        var longest = Duration.zero
+        let clock = ContinuousClock()
+        while !closed.load(ordering: .relaxed) {
+            let start = clock.now
+            do {
+                try await store.setFact(subject: "writer", key: "n", value: "\(writes)")
+            } catch let error as HopError where error.code == .busy {
+                failed += 1
+            }
+            longest = max(longest, clock.now - start)
+            writes += 1
+            try await Task.sleep(for: .milliseconds(2))
+        }
+        let milliseconds = Double(longest.components.attoseconds) / 1e15 + Double(longest.components.seconds) * 1000
+        print("writes \(writes) failed \(failed) longest \(Int(milliseconds.rounded()))")
+        exit(0)
+    } catch {
+        FileHandle.standardError.write(Data("\(error)\n".utf8))
+        exit(1)
+    }
 }
 guard arguments.count == 3, ["migrate", "modes", "hold-lock"].contains(arguments[1]) else {
     FileHandle.standardError.write(Data("usage: hop-test-store migrate|modes|hold-lock PATH\n".utf8))

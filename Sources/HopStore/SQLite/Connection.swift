@@ -17,6 +17,8 @@ final class Connection {
     let path: String
     private let handle: OpaquePointer
     private var cache: [String: Statement] = [:]
+    /// The handler that waits for another process's lock (installed on `handle`).
+    private let busyWait: BusyWait
 
     /// Whether this connection created the database file (it was missing).
     let createdFile: Bool
@@ -38,9 +40,8 @@ final class Connection {
         }
         handle = opened
         sqlite3_extended_result_codes(handle, 1)
-        let milliseconds =
-            busyTimeout.components.seconds * 1000 + busyTimeout.components.attoseconds / 1_000_000_000_000_000
-        sqlite3_busy_timeout(handle, Int32(clamping: milliseconds))
+        busyWait = BusyWait(timeout: busyTimeout)
+        busyWait.install(on: handle)
         do {
             // Reading the schema first turns "not a database" into a clear error before any pragma writes.
             let tables = try queryOne("SELECT count(*) FROM sqlite_schema", [], operation: "open") { $0.int64(0) }
