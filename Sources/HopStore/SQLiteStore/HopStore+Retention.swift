@@ -97,7 +97,9 @@ extension HopStore {
             let pages: Int64 = try await transaction(operation) { tx in
                 let before = try tx.queryOne("PRAGMA freelist_count", [], operation: operation) { $0.int64(0) } ?? 0
                 guard before > 0 else { return 0 }
-                try tx.run("PRAGMA incremental_vacuum(2000)", [], operation: operation)
+                // About 0.09 ms a page moved, with the write lock held: 500 pages hold it about
+                // 45 ms, as long as a batch of a prune (2,000 held it 190 ms).
+                try tx.run("PRAGMA incremental_vacuum(500)", [], operation: operation)
                 let after = try tx.queryOne("PRAGMA freelist_count", [], operation: operation) { $0.int64(0) } ?? 0
                 return before - after
             }
