@@ -18,7 +18,9 @@ import Synchronization
 //                                       writes a fact in a transaction of its own every 2 ms, as a
 //                                       daemon would, waiting BUSY_MS at most for the write lock,
 //                                       until standard input closes; then prints
-//                                       "writes N failed F longest MS"
+//                                       "writes N failed F longest MS passed R": R, the most runs
+//                                       another process removed (by lowest id, as a prune does)
+//                                       while one write waited
 //        hop-test-store no-auto-vacuum PATH
 //                                       rewrites the database without auto-vacuum, as Hop 0.1 created it
 // HOP_TEST_UMASK=<octal> sets the process's umask first.
@@ -100,12 +102,27 @@ if arguments.count == 4, arguments[1] == "write-loop", let busy = Int(arguments[
     }
     do {
         let store = try await HopStore.open(path: arguments[2], options: .init(busyTimeout: .milliseconds(busy)))
+        // The lowest run id, read on a connection of its own (a read waits for no lock).
+        var reader: OpaquePointer?
+        var lowest: OpaquePointer?
+        guard sqlite3_open_v2(arguments[2], &reader, SQLITE_OPEN_READONLY, nil) == SQLITE_OK,
+            sqlite3_prepare_v2(reader, "SELECT coalesce(min(id), 0) FROM runs", -1, &lowest, nil) == SQLITE_OK
+        else {
+            FileHandle.standardError.write(Data("cannot read the runs\n".utf8))
+            exit(1)
+        }
+        func lowestRun() -> Int64 {
+            defer { sqlite3_reset(lowest) }
+            return sqlite3_step(lowest) == SQLITE_ROW ? sqlite3_column_int64(lowest, 0) : 0
+        }
         FileHandle.standardOutput.write(Data("writing\n".utf8))
         var writes = 0
         var failed = 0
         var longest = Duration.zero
+        var passed: Int64 = 0
         let clock = ContinuousClock()
         while !closed.load(ordering: .relaxed) {
+            let before = lowestRun()
             let start = clock.now
             do {
                 try await store.setFact(subject: "writer", key: "n", value: "\(writes)")
@@ -113,11 +130,12 @@ if arguments.count == 4, arguments[1] == "write-loop", let busy = Int(arguments[
                 failed += 1
             }
             longest = max(longest, clock.now - start)
+            passed = max(passed, lowestRun() - before)
             writes += 1
             try await Task.sleep(for: .milliseconds(2))
         }
         let milliseconds = Double(longest.components.attoseconds) / 1e15 + Double(longest.components.seconds) * 1000
-        print("writes \(writes) failed \(failed) longest \(Int(milliseconds.rounded()))")
+        print("writes \(writes) failed \(failed) longest \(Int(milliseconds.rounded())) passed \(passed)")
         exit(0)
     } catch {
         FileHandle.standardError.write(Data("\(error)\n".utf8))
