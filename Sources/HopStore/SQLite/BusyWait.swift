@@ -11,7 +11,7 @@ import Glibc
 /// apart after the first third of a second. Beside a process that writes in back-to-back
 /// transactions (`hopctl prune`), a try every 100 ms seldom falls between two of them: a daemon's
 /// write waited up to 2.8 s beside a prune of 1,000,000 runs. Trying every millisecond, it gets
-/// the lock in the first pause the other process leaves (`Pruning.handOver`).
+/// the lock in the first pause the other process leaves (`HopStore.handOver`).
 final class BusyWait {
     /// The busy timeout, in nanoseconds.
     private let limit: UInt64
