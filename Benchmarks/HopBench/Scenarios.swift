@@ -219,10 +219,12 @@ struct Scenarios {
 
     // MARK: hopctl
 
-    /// `hopctl status` and `hopctl history` as processes on a database of 1,000,000 history rows.
+    /// `hopctl status` and `hopctl history` of one run, and `hopctl graph` of the whole flow (every
+    /// hop of every run read), as processes on a database of 1,000,000 history rows.
     private func hopctl() async throws -> [Figure] {
         let runs = quick ? 5000 : 100_000
         let repeats = quick ? 5 : 20
+        let graphRepeats = quick ? 3 : 5
         let database = path("hopctl.sqlite")
         _ = try await Fixtures.hopDatabase(database)
         try Fixtures.writeChainRuns(runs, to: database)
@@ -235,9 +237,10 @@ struct Scenarios {
         }
         let subject = "subject-\(runs / 2 + 9)"  // in flight at its last step: the longest history
         var figures = [Figure("hopctl.history-rows", Double(rows), "rows")]
-        for (name, arguments) in [
-            ("status", ["status", "--flow", "chain", "--subject", subject, "--db", database]),
-            ("history", ["history", "--flow", "chain", "--subject", subject, "--db", database]),
+        for (name, arguments, repeats) in [
+            ("status", ["status", "--flow", "chain", "--subject", subject, "--db", database], repeats),
+            ("history", ["history", "--flow", "chain", "--subject", subject, "--db", database], repeats),
+            ("graph", ["graph", "--flow", "chain", "--db", database], graphRepeats),
         ] {
             var times: [Double] = []
             for attempt in 0...repeats {
