@@ -23,19 +23,19 @@ extension HopEdge {
 
 /// Counts the edges of a hop graph from hops read run by run, each run's in order.
 package struct HopGraphCount {
-    /// An edge while it is counted.
-    package struct Edge: Hashable {
+    private struct Edge: Hashable {
         var from: String?
         var to: String
     }
 
+    private var counts: [Edge: Int] = [:]
     private var run: Int64?
     private var previous: String?
 
     package init() {}
 
     /// Counts the hop of `run` to `step`: an edge from the run's previous hop, or from its start.
-    package mutating func count(run: Int64, step: String, into counts: inout [Edge: Int]) {
+    package mutating func count(run: Int64, step: String) {
         if run != self.run {
             self.run = run
             previous = nil
@@ -45,7 +45,7 @@ package struct HopGraphCount {
     }
 
     /// The counted edges, the most taken first, then by their steps (a run's start first).
-    package static func edges(_ counts: [Edge: Int]) -> [HopEdge] {
+    package var edges: [HopEdge] {
         counts.map { HopEdge(from: $0.key.from, to: $0.key.to, count: $0.value) }.sorted { a, b in
             if a.count != b.count { return a.count > b.count }
             switch (a.from, b.from) {

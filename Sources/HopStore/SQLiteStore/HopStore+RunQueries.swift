@@ -156,12 +156,11 @@ extension HopStore {
     /// (`lag`) and a `GROUP BY` of text took 8 s at 5,000,000 hops, the ordered scan alone 0.6 s.
     public func hopGraph(flow: String) throws -> [HopEdge] {
         try validate(flow, as: "flow name")
-        var counts: [HopGraphCount.Edge: Int] = [:]
         var graph = HopGraphCount()
         try connection.forEachRow(Self.hopGraphSQL, [.text(flow)], operation: "read hop graph of \(flow)") { row in
-            graph.count(run: row.int64(0), step: row.text(1), into: &counts)
+            graph.count(run: row.int64(0), step: row.text(1))
         }
-        return HopGraphCount.edges(counts)
+        return graph.edges
     }
 
     /// The hops of the runs of flow `?1`, run by run, each run's in order: the runs from the
