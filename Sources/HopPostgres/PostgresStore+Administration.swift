@@ -3,19 +3,18 @@ import HopStore
 import PostgresNIO
 
 extension PostgresStore: HopAdministration {
-    package func runs(flow: String?, subject: String?, limit: Int) async throws -> [RunRecord] {
+    package func runs(flow: String?, subject: String?, status: RunStatus?, limit: Int) async throws -> [RunRecord] {
         if let flow { try validate(flow, as: "flow name") }
         if let subject { try validate(subject, as: "subject") }
+        let bound = LatestRuns.arguments(flow: flow, subject: subject, status: status, limit: limit)
         return try await read(
-            """
-            SELECT \(RunRecord.pgColumns) FROM runs
-            WHERE id IN (SELECT max(id) FROM runs
-                         WHERE ($2::text IS NULL OR flow = $2) AND ($3::text IS NULL OR subject = $3)
-                         GROUP BY flow, subject)
-            ORDER BY flow, subject LIMIT $1
-            """,
-            [.int(Int64(max(0, limit))), .optional(flow), .optional(subject)], operation: "list runs",
-            RunRecord.init(pg:))
+            Self.latestRunsSQL(flow: flow != nil, subject: subject != nil, status: status),
+            [.int(bound.limit)] + bound.texts.map(PostgresValue.text), operation: "list runs", RunRecord.init(pg:))
+    }
+
+    /// ``LatestRuns/sql(flow:subject:status:marker:)`` with PostgreSQL's parameters (`$1`, `$2`, …).
+    package static func latestRunsSQL(flow: Bool, subject: Bool, status: RunStatus?) -> String {
+        LatestRuns.sql(flow: flow, subject: subject, status: status, marker: "$")
     }
 
     package func flowNames() async throws -> [String] {

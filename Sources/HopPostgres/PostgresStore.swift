@@ -137,6 +137,16 @@ public final class PostgresStore: Sendable {
         }
     }
 
+    /// The plan the server makes for `sql` with `values` when a read of a whole table is priced
+    /// out (`enable_seqscan` off): what a statement reads on a large database, whatever the
+    /// statistics of a small one. For the tests that check that statements search their indexes.
+    package func explain(_ sql: String, _ values: [PostgresValue]) async throws -> [String] {
+        try await transaction("explain a statement") { tx in
+            _ = try await tx.run("SET LOCAL enable_seqscan = off")
+            return try await tx.query("EXPLAIN " + sql, values) { try $0.text(0) }
+        }
+    }
+
     /// Runs one read statement outside a transaction.
     func read<T: Sendable>(
         _ sql: String, _ values: [PostgresValue] = [], operation: String, _ decode: (Row) throws -> T
@@ -212,7 +222,7 @@ struct WeakLock: Sendable {
 }
 
 /// A value bound to a statement's parameter (`$1`, `$2`, …): never spliced into its text.
-enum PostgresValue: Sendable {
+package enum PostgresValue: Sendable {
     case int(Int64)
     case text(String)
     case bool(Bool)

@@ -40,18 +40,25 @@ enum QuickCommandLine {
         let request: Request
         switch command {
         case "status":
-            guard let given = options(rest, values: ["db", "flow", "subject", "status"], flags: ["json"]) else {
+            guard
+                let given = options(rest, values: ["db", "flow", "subject", "status", "limit"], flags: ["json"])
+            else {
                 return nil
             }
             var status: RunStatus?
+            var limit: Int?
             if let name = given["status"] {
                 guard let value = RunStatus(rawValue: name) else { return nil }
                 status = value
             }
+            if let text = given["limit"] {
+                guard let value = Int(text) else { return nil }
+                limit = value
+            }
             request = .status(
                 StatusRequest(
                     db: given["db"], json: given["json"] != nil, flow: given["flow"], subject: given["subject"],
-                    status: status))
+                    status: status, limit: limit))
         case "history":
             guard
                 let given = options(

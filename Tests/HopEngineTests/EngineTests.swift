@@ -499,6 +499,61 @@ struct CacheError: Error, CustomStringConvertible {
         #expect(try await store.runs(flow: nil, subject: nil, limit: 10).count == 4)
     }
 
+    /// `hopctl status` with every combination of filters and limits, on every backend: the
+    /// newest run of each flow and subject whose newest run has the status asked for, in order
+    /// of flow and subject, at most the limit; the same as reading every run and choosing by hand.
+    /// (A status was once applied after the limit, by hopctl: runs past the first 1,000 flows
+    /// and subjects were never listed.)
+    @Test(arguments: TestBackend.all) func aStatusListingIsTheNewestRunOfEachFlowAndSubjectWithThatStatus(
+        backend: TestBackend
+    ) async throws {
+        let folder = try TemporaryDirectory()
+        let store = try await backend.open(folder)
+        func start(_ flow: String, _ subject: String) async throws -> Int64 {
+            try await store.startRun(flow: flow, subject: subject, version: "1").run.id
+        }
+        func complete(_ runID: Int64) async throws { try await store.record(.complete, runID: runID) }
+        // Pairs whose older runs have another status than their newest: only the newest counts.
+        try await complete(try await start("startup", "a"))
+        try await store.recordHop(runID: try await start("startup", "a"), step: "login", parks: true)
+        _ = try await start("startup", "b")
+        try await store.cancelRun(flow: "startup", subject: "b", reason: "test")
+        try await complete(try await start("startup", "b"))
+        _ = try await start("startup", "c")
+        try await store.divergeRun(runID: try await start("archive", "a"), step: "s", message: "changed", owner: nil)
+        try await store.recordHop(runID: try await start("archive", "c"), step: "login", parks: true)
+        _ = try await start("update", "b")
+        try await store.cancelRun(flow: "update", subject: "b", reason: "test")
+
+        var newest: [RunRecord] = []
+        for flow in try await store.flowNames() {
+            let runs = try await store.allRuns(flow: flow)
+            newest += Dictionary(grouping: runs, by: \.subject).values.compactMap { $0.max { $0.id < $1.id } }
+        }
+        newest.sort { ($0.flow, $0.subject) < ($1.flow, $1.subject) }
+        #expect(newest.count == 6)
+        var checked = 0
+        for flow in [nil, "startup", "archive", "nosuch"] {
+            for subject in [nil, "a", "b", "c", "nosuch"] {
+                for status in [nil] + RunStatus.allCases {
+                    let expected = newest.filter {
+                        (flow == nil || $0.flow == flow) && (subject == nil || $0.subject == subject)
+                            && (status == nil || $0.status == status)
+                    }
+                    for limit in [1, 2, 100] {
+                        let listed = try await store.runs(flow: flow, subject: subject, status: status, limit: limit)
+                        #expect(
+                            listed.map(\.id) == expected.prefix(limit).map(\.id),
+                            "flow \(flow ?? "-"), subject \(subject ?? "-"), status \(status?.rawValue ?? "-"), limit \(limit)"
+                        )
+                        checked += expected.isEmpty ? 0 : 1
+                    }
+                }
+            }
+        }
+        #expect(checked > 90)
+    }
+
     /// `hopctl graph`: every backend counts the same edges, in the same order, from runs that
     /// executed at once (their history entries interleaved), and none of another flow's.
     @Test(arguments: TestBackend.all) func theHopGraphCountsEachRunsEdgesInOrder(backend: TestBackend) async throws {

@@ -104,7 +104,7 @@ import Testing
         #expect(!newest.contains { $0.contains("TEMP B-TREE") }, "\(newest)")
         // The flows that have runs, and a subject's newest runs without naming the flow
         // (`hopctl status --subject`): one search of the index per flow, never all of it.
-        let subjects = try await store.explain(HopStore.latestRunsSQL(flow: false, subject: true))
+        let subjects = try await store.explain(HopStore.latestRunsSQL(flow: false, subject: true, status: nil))
         for (what, plan) in [
             ("flow names", try await store.explain(HopStore.flowNamesSQL)), ("a subject's runs", subjects),
         ] {
@@ -125,6 +125,50 @@ import Testing
         #expect(graph.contains { $0.contains("SEARCH r USING COVERING INDEX runs_by_flow (flow=?)") }, "\(graph)")
         #expect(graph.contains { $0.contains("SEARCH h USING PRIMARY KEY (run_id=?)") }, "\(graph)")
         #expect(!graph.contains { $0.contains("TEMP B-TREE") }, "\(graph)")
+    }
+
+    /// `hopctl status`'s statements (`LatestRuns`): a running or parked listing reads an index of
+    /// unfinished runs, never every run; a subject without a flow is searched flow by flow; and
+    /// no statement groups runs in a temporary B-tree, so that a listing without a status reads
+    /// the index by flow and subject in order and its limit stops it (0.2 s at 1,000,000 runs
+    /// otherwise, whatever the limit).
+    @Test func statusListingsSearchTheirIndexes() async throws {
+        let folder = try TemporaryDirectory()
+        let store = try await HopStore.open(path: folder.database)
+        for flow in [false, true] {
+            for subject in [false, true] {
+                let what = "flow \(flow), subject \(subject)"
+                for status in [RunStatus.running, .parked] {
+                    let plan = try await store.explain(
+                        HopStore.latestRunsSQL(flow: flow, subject: subject, status: status))
+                    // Either index of unfinished runs (by status and flow, or by flow and subject).
+                    #expect(
+                        plan.first?.hasPrefix("SEARCH r USING INDEX runs_unfinished") == true,
+                        "\(what), \(status): \(plan)")
+                    #expect(!plan.contains { $0.hasPrefix("SCAN") }, "\(what), \(status): \(plan)")
+                }
+                for status in [nil, RunStatus.completed] {
+                    let plan = try await store.explain(
+                        HopStore.latestRunsSQL(flow: flow, subject: subject, status: status))
+                    let newest =
+                        switch (flow, subject) {
+                        case (false, false): "SCAN runs USING COVERING INDEX runs_by_flow_subject"
+                        case (true, false): "SEARCH runs USING COVERING INDEX runs_by_flow_subject (flow=?)"
+                        case (true, true):
+                            "SEARCH runs USING COVERING INDEX runs_by_flow_subject (flow=? AND subject=?)"
+                        case (false, true): "SEARCH n USING COVERING INDEX runs_by_flow_subject (flow=? AND subject=?)"
+                        }
+                    #expect(plan.contains { $0 == newest }, "\(what), \(String(describing: status)): \(plan)")
+                    #expect(
+                        !plan.contains { $0.contains("GROUP BY") }, "\(what), \(String(describing: status)): \(plan)")
+                    if subject && !flow {
+                        #expect(
+                            plan.contains { $0.contains("SEARCH runs USING COVERING INDEX runs_by_flow (flow>?)") },
+                            "\(what), \(String(describing: status)): \(plan)")
+                    }
+                }
+            }
+        }
     }
 
     @Test func unhopIsExactlyOnceAndRefusalsChangeNothing() async throws {

@@ -59,6 +59,46 @@ import Testing
         #expect(try await hopctlJSON(["status", "--subject", "nobody"], in: folder) as? [Any] != nil)
     }
 
+    /// `hopctl status --status S` on more flows and subjects than one listing shows: every run
+    /// with that status, wherever its subject sorts (it once filtered the first 1,000 subjects'
+    /// runs, so a parked run of the 1,003rd was not listed), and a note on standard error when a
+    /// listing stops at its limit (it once stopped at 1,000 lines without a word).
+    @Test func statusFindsEveryRunWithAStatusAndSaysWhenAListingStops() async throws {
+        let folder = try TemporaryDirectory()
+        let store = try await HopStore.open(path: folder.database, options: .init(durability: .normal))
+        let subjects = (0..<1_005).map { "device-" + String(repeating: "0", count: 4 - "\($0)".count) + "\($0)" }
+        for (index, subject) in subjects.enumerated() {
+            let (run, _) = try await store.startRun(flow: "startup", subject: subject, version: "1")
+            switch index {
+            case 1_002: _ = try await store.recordHop(runID: run.id, step: "login", parks: true)
+            case 1_003: break  // running
+            case 1_004: try await store.divergeRun(runID: run.id, step: "login", message: "changed")
+            default: _ = try await store.record([.complete], runID: run.id, owner: nil, durability: .now)
+            }
+        }
+        for (status, subject) in [("parked", "device-1002"), ("running", "device-1003"), ("diverged", "device-1004")] {
+            let listed = try #require(
+                try await hopctlJSON(["status", "--status", status], in: folder) as? [[String: Any]])
+            #expect(listed.map { $0["subject"] as? String } == [subject], "--status \(status)")
+        }
+        // 1,002 completed runs: the first 1,000, then a note that more were left out.
+        let completed = try await hopctl(["status", "--status", "completed", "--json"], in: folder)
+        let rows = try #require(
+            try JSONSerialization.jsonObject(with: Data(completed.stdout.utf8)) as? [[String: Any]])
+        #expect(rows.count == 1_000 && rows.last?["subject"] as? String == "device-0999")
+        #expect(completed.stderr.contains("first 1000"), "\(completed.stderr)")
+        let table = try await hopctl(["status"], in: folder)
+        #expect(table.status == 0 && table.stdout.split(separator: "\n").count == 1_001)
+        #expect(table.stderr.contains("first 1000") && table.stderr.contains("--limit"), "\(table.stderr)")
+        // --limit: more lines, or fewer; no note when nothing was left out.
+        let all = try await hopctl(["status", "--limit", "2000"], in: folder)
+        #expect(all.stdout.split(separator: "\n").count == 1_006 && all.stderr.isEmpty, "\(all.stderr)")
+        let two = try await hopctl(["status", "--limit", "2", "--flow", "startup"], in: folder)
+        #expect(two.stdout.split(separator: "\n").count == 3 && two.stderr.contains("first 2"), "\(two.stderr)")
+        let bad = try await hopctl(["status", "--limit", "0"], in: folder)
+        #expect(bad.status != 0 && bad.stderr.contains("--limit"), "\(bad.stderr)")
+    }
+
     @Test func statusSaysWhichVersionARunNoEngineHoldsWaitsFor() async throws {
         let folder = try TemporaryDirectory()
         let store = try await HopStore.open(path: folder.database)

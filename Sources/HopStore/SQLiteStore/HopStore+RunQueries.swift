@@ -24,37 +24,22 @@ extension HopStore {
             [.text(flow), .text(subject)], operation: "read latest run of \(flow) for \(subject)", RunRecord.init(row:))
     }
 
-    /// The newest run of each (flow, subject), optionally narrowed to one flow or subject.
-    public func runs(flow: String? = nil, subject: String? = nil, limit: Int = 1000) throws -> [RunRecord] {
+    /// The newest run of each (flow, subject), by flow and subject, at most `limit`: optionally
+    /// only one flow's or one subject's, and only those whose newest run has `status`.
+    public func runs(
+        flow: String? = nil, subject: String? = nil, status: RunStatus? = nil, limit: Int = 1000
+    ) throws -> [RunRecord] {
         if let flow { try validate(flow, as: "flow name") }
         if let subject { try validate(subject, as: "subject") }
-        let arguments = [flow, subject].compactMap { $0 }.map(SQLValue.text)
+        let bound = LatestRuns.arguments(flow: flow, subject: subject, status: status, limit: limit)
         return try connection.query(
-            Self.latestRunsSQL(flow: flow != nil, subject: subject != nil), [.integer(Int64(limit))] + arguments,
-            operation: "list runs", RunRecord.init(row:))
+            Self.latestRunsSQL(flow: flow != nil, subject: subject != nil, status: status),
+            [.integer(bound.limit)] + bound.texts.map(SQLValue.text), operation: "list runs", RunRecord.init(row:))
     }
 
-    /// The newest run of each (flow, subject), at most `?1`, narrowed to the flow `?2` and the
-    /// subject `?3` (or `?2` without a flow) when asked. One statement per filter combination, so
-    /// that SQLite searches the (flow, subject, id) index.
-    static func latestRunsSQL(flow: Bool, subject: Bool) -> String {
-        let filter: String
-        var flowsTable = ""
-        switch (flow, subject) {
-        case (true, true): filter = "WHERE flow = ?2 AND subject = ?3"
-        case (true, false): filter = "WHERE flow = ?2"
-        case (false, true):
-            // The index leads with the flow: one search per flow (`subject = ?` alone read all of it).
-            flowsTable = flowsSQL
-            filter = "WHERE flow IN (SELECT flow FROM flows WHERE flow IS NOT NULL) AND subject = ?2"
-        case (false, false): filter = ""
-        }
-        return """
-            \(flowsTable)
-            SELECT \(RunRecord.columns) FROM runs
-            WHERE id IN (SELECT max(id) FROM runs \(filter) GROUP BY flow, subject)
-            ORDER BY flow, subject LIMIT ?1
-            """
+    /// ``LatestRuns/sql(flow:subject:status:marker:)`` with SQLite's parameters (`?1`, `?2`, …).
+    static func latestRunsSQL(flow: Bool, subject: Bool, status: RunStatus?) -> String {
+        LatestRuns.sql(flow: flow, subject: subject, status: status, marker: "?")
     }
 
     /// The names of the flows that have runs here, in order.

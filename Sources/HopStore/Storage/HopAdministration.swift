@@ -11,8 +11,9 @@ package protocol HopAdministration: HopStorage {
     /// The schema version of the database (the newest migration applied).
     var schemaVersion: Int { get }
 
-    /// The newest run of each (flow, subject), optionally narrowed to one flow or subject, by flow and subject.
-    func runs(flow: String?, subject: String?, limit: Int) async throws -> [RunRecord]
+    /// The newest run of each (flow, subject), by flow and subject, at most `limit`: optionally
+    /// only one flow's or one subject's, and only those whose newest run has `status`.
+    func runs(flow: String?, subject: String?, status: RunStatus?, limit: Int) async throws -> [RunRecord]
     /// The names of the flows that have runs here, in order.
     func flowNames() async throws -> [String]
     /// Every run of `flow`, for every subject, oldest first.
@@ -67,5 +68,12 @@ package struct HopSnapshot: Sendable {
     /// Whether the snapshot holds nothing at all.
     package var isEmpty: Bool {
         runs.isEmpty && history.isEmpty && firstUse.isEmpty && sessions.isEmpty && facts.isEmpty
+    }
+}
+
+extension HopAdministration {
+    /// The newest run of each (flow, subject), whatever its status, by flow and subject, at most `limit`.
+    package func runs(flow: String?, subject: String?, limit: Int) async throws -> [RunRecord] {
+        try await runs(flow: flow, subject: subject, status: nil, limit: limit)
     }
 }

@@ -37,9 +37,15 @@ struct Status: AsyncParsableCommand {
             valueName: "status"))
     var status: RunStatus?
 
+    @Option(
+        help: ArgumentHelp(
+            "At most this many runs (\(StatusRequest.defaultLimit) by default); a note on standard error says when more were left out.",
+            valueName: "count"))
+    var limit: Int?
+
     /// What was asked, for ``StatusRequest`` to answer.
     var request: StatusRequest {
-        StatusRequest(db: global.db, json: output.json, flow: flow, subject: subject, status: status)
+        StatusRequest(db: global.db, json: output.json, flow: flow, subject: subject, status: status, limit: limit)
     }
 
     func validate() throws { try request.validate() }
@@ -54,17 +60,33 @@ struct StatusRequest: Equatable {
     var flow: String?
     var subject: String?
     var status: RunStatus?
+    var limit: Int?
+
+    /// How many runs a listing shows unless `--limit` says otherwise.
+    static let defaultLimit = 1000
 
     func validate() throws {
         if let flow { try checkIdentifier(flow, as: "flow name") }
         if let subject { try checkIdentifier(subject, as: "subject") }
+        if let limit, limit < 1 { throw ValidationError("--limit is out of range: give 1 or more runs") }
     }
 
     func run() async throws {
         let store = try await ReadOptions.openForReading(db)
-        var runs = try await store.runs(flow: flow, subject: subject, limit: 1000)
+        let shown = limit ?? Self.defaultLimit
+        // One more than shown: whether the listing left runs out.
+        var runs = try await store.runs(
+            flow: flow, subject: subject, status: status, limit: min(shown, Int.max - 1) + 1)
+        let leftOut = runs.count > shown
+        runs = Array(runs.prefix(shown))
         if runs.isEmpty, let flow { try await requireFlow(flow, in: store, operation: "status") }
-        if let status { runs = runs.filter { $0.status == status } }
+        defer {
+            if leftOut {
+                Output.note(
+                    "showing the first \(shown) runs by flow and subject; more were left out: narrow the listing "
+                        + "with --flow, --subject or --status, or raise --limit")
+            }
+        }
         var divergences: [Int64: String] = [:]
         for run in runs where run.status == .diverged {
             divergences[run.id] = try await store.history(runID: run.id, limit: 4).last { $0.kind == .diverge }?.value

@@ -1,0 +1,72 @@
+/// The statements that list the newest run of each flow and subject (`hopctl status`), the same
+/// for both backends: one for each combination of filters, each reading the index that serves it,
+/// so that a filter never costs a read of every run, and a listing stops at its limit rather than
+/// after grouping every run.
+package enum LatestRuns {
+    /// The statement for the filters given, its parameters numbered after `marker` (`?` for
+    /// SQLite, `$` for PostgreSQL): the limit first, then those of ``arguments(flow:subject:status:limit:)``.
+    ///
+    /// - An unfinished status: the runs with it (from the index of unfinished runs) that no newer
+    ///   run of their flow and subject follows.
+    /// - A subject: its newest run of each flow (or of the flow given), one search of the index by
+    ///   flow, subject and id each. The index leads with the flow and PostgreSQL has no skip scan:
+    ///   `subject = $2` alone read the whole table there.
+    /// - Otherwise, a finished status: the newest run of each flow and subject, then those with
+    ///   the status (no index holds finished runs by status: this one reads every run of the flow,
+    ///   or every run).
+    /// - Otherwise: the newest run of the first `limit` flows and subjects, in the order of the
+    ///   index by flow, subject and id, which stops there.
+    package static func sql(flow: Bool, subject: Bool, status: RunStatus?, marker: String) -> String {
+        // Placeholders in the order of `arguments`: the limit, the flow, the subject, a status.
+        let limit = marker + "1"
+        let flowValue = flow ? marker + "2" : nil
+        let subjectValue = subject ? marker + (flow ? "3" : "2") : nil
+        let statusValue = marker + String(2 + (flow ? 1 : 0) + (subject ? 1 : 0))
+        let order = " ORDER BY flow, subject LIMIT " + limit
+        if let status, status.isUnfinished {
+            // The status's literal, not a parameter: a partial index serves only a statement whose
+            // text implies its condition.
+            let unfinished = status == .parked ? RunStatus.parked.condition : RunStatus.running.condition
+            let filter =
+                unfinished + (flowValue.map { " AND flow = " + $0 } ?? "")
+                + (subjectValue.map { " AND subject = " + $0 } ?? "")
+                + " AND NOT EXISTS (SELECT 1 FROM runs n WHERE n.flow = r.flow AND n.subject = r.subject AND n.id > r.id)"
+                + order
+            return "SELECT \(RunRecord.columns) FROM runs r WHERE \(filter)"
+        }
+        var flowsTable = ""
+        let filter: String
+        if let subjectValue {
+            // One search of the index by flow, subject and id for the subject's newest run: of the
+            // flow given, or of each flow in turn.
+            let newest: String
+            if let flowValue {
+                newest = "SELECT max(id) FROM runs WHERE flow = " + flowValue + " AND subject = " + subjectValue
+            } else {
+                flowsTable = HopStore.flowsSQL
+                newest =
+                    "SELECT (SELECT max(n.id) FROM runs n WHERE n.flow = flows.flow AND n.subject = " + subjectValue
+                    + ") FROM flows WHERE flows.flow IS NOT NULL"
+            }
+            filter = "id IN (" + newest + ")" + (status == nil ? "" : " AND status = " + statusValue) + order
+        } else {
+            let newest =
+                "SELECT max(id) FROM runs" + (flowValue.map { " WHERE flow = " + $0 } ?? "") + " GROUP BY flow, subject"
+            filter =
+                status == nil
+                ? "id IN (" + newest + order + ") ORDER BY flow, subject"
+                : "id IN (" + newest + ") AND status = " + statusValue + order
+        }
+        return "\(flowsTable) SELECT \(RunRecord.columns) FROM runs WHERE \(filter)"
+    }
+
+    /// The values of ``sql(flow:subject:status:marker:)``'s parameters: the limit, then the flow,
+    /// the subject and a finished status, those given, as text.
+    package static func arguments(
+        flow: String?, subject: String?, status: RunStatus?, limit: Int
+    ) -> (limit: Int64, texts: [String]) {
+        var texts = [flow, subject].compactMap { $0 }
+        if let status, !status.isUnfinished { texts.append(status.rawValue) }
+        return (Int64(max(0, limit)), texts)
+    }
+}

@@ -1,0 +1,46 @@
+import HopPostgres
+import HopStore
+import HopTestSupport
+import Testing
+
+/// What PostgreSQL's statements read on a large database: each plan made on a database of a few
+/// thousand runs with its statistics taken (the planner reads a near-empty table whole, whatever
+/// its indexes) and whole-table reads priced out. (The SQLite statements' plans: RunHistoryTests.)
+@Suite struct PostgresPlanTests {
+    /// `hopctl status`'s statements: a subject without a flow is searched flow by flow (the index
+    /// leads with the flow, and PostgreSQL has no skip scan: `subject = $2` alone read every run,
+    /// 40–60 ms at 1,000,000 runs against 0.6 ms); a running or parked listing reads an index of
+    /// unfinished runs.
+    @Test(.enabled(if: PostgresProcessTests.available)) func statusListingsSearchTheirIndexes() async throws {
+        let folder = try TemporaryDirectory()
+        let store = try await PostgresStore.open(url: try await TestBackend.postgres.location(folder))
+        defer { Task { await store.close() } }
+        // 20,000 finished runs, of 4 flows and 5,000 subjects; then the planner's statistics.
+        try await TestDatabases.shared.psql(
+            """
+            INSERT INTO runs (flow, subject, flow_version, status, created_at, updated_at)
+            SELECT 'flow-' || (i % 4), 'subject-' || (i % 5000), '1', 'completed', i, i FROM generate_series(1, 20000) i;
+            ANALYZE runs;
+            """, in: folder)
+        for flow in [false, true] {
+            for subject in [false, true] {
+                for status in [nil] + RunStatus.allCases {
+                    let what = "flow \(flow), subject \(subject), status \(status?.rawValue ?? "-")"
+                    let bound = LatestRuns.arguments(
+                        flow: flow ? "startup" : nil, subject: subject ? "kiosk" : nil, status: status, limit: 10)
+                    let plan = try await store.explain(
+                        PostgresStore.latestRunsSQL(flow: flow, subject: subject, status: status),
+                        [.int(bound.limit)] + bound.texts.map(PostgresValue.text)
+                    ).joined(separator: "\n")
+                    #expect(!plan.contains("Seq Scan"), "\(what):\n\(plan)")
+                    if let status, status.isUnfinished {
+                        // Either index of unfinished runs (by status and flow, or by flow and subject).
+                        #expect(plan.contains("Index Scan using runs_unfinished"), "\(what):\n\(plan)")
+                    } else if subject && !flow {
+                        #expect(plan.contains("Index Cond: ((flow = "), "\(what):\n\(plan)")
+                    }
+                }
+            }
+        }
+    }
+}
