@@ -101,10 +101,15 @@ import Testing
             "RunStatus.running.sql", "RunStatus.parked.sql", "RunStatus.unfinishedSQL", "RunStatus.running.condition",
             "RunStatus.parked.condition", "HistoryKind.hop.sql",
             "HistoryKind.takeover.sql", "HistoryKind.stepEndsSQL", "HistoryKind.patch.sql",
+            // PostgreSQL's store: its column lists and constant lists, and constant clauses.
+            "RunRecord.pgColumns", "RunRecord.pgQualifiedColumns", "HistoryEntry.pgColumns", "RunStatus.pgUnfinished",
+            "HistoryKind.pgStepEnds", #"skipLocked ? " SKIP LOCKED" : """#, #"locking ? " FOR UPDATE" : """#,
         ]
         let sql = try Regex(#"\b(SELECT|INSERT|UPDATE|DELETE|PRAGMA|CREATE|ALTER|DROP|VALUES|WHERE)\b"#)
         var checked = 0
-        for folder in ["Sources/HopStore", "Sources/HopEngine", "Sources/hopctl"] {
+        for folder in [
+            "Sources/HopStore", "Sources/HopEngine", "Sources/HopPostgres", "Sources/HopctlCommands", "Sources/hopctl",
+        ] {
             let root = Self.packageRoot.appendingPathComponent(folder)
             let files =
                 FileManager.default.enumerator(at: root, includingPropertiesForKeys: nil)?
