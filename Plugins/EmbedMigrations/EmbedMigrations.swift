@@ -21,12 +21,15 @@ struct EmbedMigrations: BuildToolPlugin {
             .filter { $0.pathExtension == "sql" }
             .sorted { $0.lastPathComponent < $1.lastPathComponent }
         let output = context.pluginWorkDirectoryURL.appending(path: "EmbeddedMigrations.swift")
+        // The folder is an input too, and the tool lists its files when it runs: a build planned
+        // before a migration was added still embeds it (the folder's time changes with its list;
+        // the plugin's own list is only as new as the build plan).
         return [
             .buildCommand(
-                displayName: "Embedding \(files.count) migrations into \(target.name)",
+                displayName: "Embedding the migrations into \(target.name)",
                 executable: try context.tool(named: "hop-embed-migrations").url,
-                arguments: [output.path] + options + files.map(\.path),
-                inputFiles: files,
+                arguments: [output.path] + options + [migrations.path],
+                inputFiles: [migrations] + files,
                 outputFiles: [output]
             )
         ]

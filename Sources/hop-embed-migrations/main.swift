@@ -2,8 +2,11 @@ import Foundation
 
 // Build tool behind the EmbedMigrations plugin: writes a Swift file holding every
 // `Migrations/NNNN_name.sql` verbatim, in version order.
-// Usage: hop-embed-migrations OUTPUT.swift [--import MODULE] [--name PROPERTY] FILE.sql...
+// Usage: hop-embed-migrations OUTPUT.swift [--import MODULE] [--name PROPERTY] FOLDER
 // (a backend's target imports HopStore, whose `Migration` it extends, and names its own property).
+// The folder's `*.sql` files are listed here, when the command runs, not by the plugin when the
+// build is planned: a file added to it is embedded by the next build (the plugin makes the folder
+// itself an input, whose time changes with its list of files).
 
 func fail(_ message: String) -> Never {
     FileHandle.standardError.write(Data("error: \(message)\n".utf8))
@@ -12,7 +15,7 @@ func fail(_ message: String) -> Never {
 
 let arguments = CommandLine.arguments.dropFirst()
 guard let output = arguments.first else {
-    fail("usage: hop-embed-migrations OUTPUT.swift [--import MODULE] [--name PROPERTY] FILE.sql...")
+    fail("usage: hop-embed-migrations OUTPUT.swift [--import MODULE] [--name PROPERTY] FOLDER")
 }
 var files = Array(arguments.dropFirst())
 var imported: String?
@@ -24,6 +27,15 @@ while let flag = files.first, flag.hasPrefix("--"), files.count >= 2 {
     default: fail("unknown option \(flag)")
     }
     files.removeFirst(2)
+}
+guard files.count == 1, let folder = files.first else {
+    fail("usage: hop-embed-migrations OUTPUT.swift [--import MODULE] [--name PROPERTY] FOLDER")
+}
+do {
+    files = try FileManager.default.contentsOfDirectory(atPath: folder).filter { $0.hasSuffix(".sql") }.sorted()
+        .map { URL(fileURLWithPath: folder).appendingPathComponent($0).path }
+} catch {
+    fail("\(folder): cannot list the migrations: \(error.localizedDescription)")
 }
 
 struct Entry {
