@@ -10,10 +10,10 @@ import Synchronization
 //        hop-test-store set-history-step PATH RUN SEQ STEP
 //                                       renames the step of one history entry, as if an older flow
 //                                       version had recorded it (to make a run diverge)
-//        hop-test-store fill-finished PATH N DAYS
+//        hop-test-store fill-finished PATH N DAYS [SUBJECTS]
 //                                       adds N completed runs of the flow "archive" (subjects device-0 …
-//                                       device-999, in turn), five history entries each, that finished
-//                                       DAYS days ago, in one transaction
+//                                       device-999, or as many as SUBJECTS says, in turn), five history
+//                                       entries each, that finished DAYS days ago, in one transaction
 //        hop-test-store write-loop PATH BUSY_MS
 //                                       writes a fact in a transaction of its own every 2 ms, as a
 //                                       daemon would, waiting BUSY_MS at most for the write lock,
@@ -49,8 +49,8 @@ if arguments.count == 6, arguments[1] == "set-history-step", let run = Int64(arg
     sqlite3_close(db)
     exit(0)
 }
-if arguments.count == 5, arguments[1] == "fill-finished", let count = Int64(arguments[3]),
-    let days = Int64(arguments[4])
+if arguments.count == 5 || arguments.count == 6, arguments[1] == "fill-finished", let count = Int64(arguments[3]),
+    let days = Int64(arguments[4]), let subjects = arguments.count == 6 ? Int64(arguments[5]) : 1000, subjects > 0
 {
     var db: OpaquePointer?
     let at = Int64(Date().timeIntervalSince1970 * 1000) - days * 86_400_000
@@ -66,8 +66,8 @@ if arguments.count == 5, arguments[1] == "fill-finished", let count = Int64(argu
             """
             WITH RECURSIVE c(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM c WHERE i + 1 < ?1)
             INSERT INTO runs (flow, subject, flow_version, status, created_at, updated_at)
-            SELECT 'archive', 'device-' || (i % 1000), '1', 'completed', ?2, ?2 FROM c
-            """, [count, at]),
+            SELECT 'archive', 'device-' || (i % ?3), '1', 'completed', ?2, ?2 FROM c
+            """, [count, at, subjects]),
         exec(
             """
             WITH RECURSIVE q(seq) AS (SELECT 1 UNION ALL SELECT seq + 1 FROM q WHERE seq < 5)

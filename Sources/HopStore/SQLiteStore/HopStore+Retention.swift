@@ -17,67 +17,82 @@ extension HopStore {
     public func prune(_ pruning: Pruning, dryRun: Bool = false) async throws -> PruneReport {
         if let flow = pruning.flow { try validate(flow, as: "flow name") }
         let operation = "prune runs finished before \(pruning.finishedBefore.formatted(.iso8601))"
-        // `+r.id` keeps "never the highest id" out of the search's bounds: a look's own bounds
-        // (below) must bound it, or each look reads on to the last run.
-        let selection = """
-            FROM runs r
-            WHERE r.status NOT IN \(RunStatus.unfinishedSQL) AND r.updated_at < ?1 AND (?2 IS NULL OR r.flow = ?2)
-                AND +r.id < (SELECT max(id) FROM runs)
-                AND (SELECT count(*) FROM (
-                    SELECT 1 FROM runs n WHERE n.flow = r.flow AND n.subject = r.subject AND n.id > r.id LIMIT ?3
-                )) >= ?3
-            """
-        let arguments: [SQLValue] = [
-            .integer(Clock.milliseconds(pruning.finishedBefore)), pruning.flow.map(SQLValue.text) ?? .null,
-            .integer(Int64(max(0, pruning.keepLast))),
-        ]
-        if dryRun {
-            let counts = try connection.queryOne(
-                "SELECT count(*), coalesce(sum((SELECT count(*) FROM history h WHERE h.run_id = r.id)), 0) \(selection)",
-                arguments, operation: operation
-            ) { (Int($0.int64(0)), Int($0.int64(1))) }
-            return PruneReport(
-                runs: counts?.0 ?? 0, historyEntries: counts?.1 ?? 0, batches: 0, reclaimedBytes: 0,
-                reclaimsIncrementally: try reclaimsIncrementally(operation: operation))
-        }
         var report = PruneReport(
             runs: 0, historyEntries: 0, batches: 0, reclaimedBytes: 0,
             reclaimsIncrementally: try reclaimsIncrementally(operation: operation))
-        let batchSize = Int64(max(1, pruning.batchSize))
+        // A dry run looks as a prune does, and counts all each look finds.
+        let batchSize = dryRun ? Int.max : max(1, pruning.batchSize)
         let span = Int64(max(1, pruning.scanSpan))
-        // The runs are looked at in order of id, `span` at a time, each look (and the batch it
-        // removes) a transaction of its own that holds the write lock for milliseconds, however
-        // many runs the database holds; no look reads again the runs an earlier one passed over.
-        // (One statement over every run held the lock for 0.43 s at 1,000,000 runs even when
-        // nothing was old enough.)
+        let cutoff = SQLValue.integer(Clock.milliseconds(pruning.finishedBefore))
+        var kept = KeptRuns(keepLast: pruning.keepLast)
+        // The runs are looked at in order of id, `span` at a time; no look reads again the runs an
+        // earlier one passed over. A look reads without the write lock (a read waits for no one);
+        // only the removal of what it found is a transaction, which holds the lock for
+        // milliseconds however many runs the database holds or `keepLast` keeps. (One statement
+        // over every run held the lock for 0.43 s at 1,000,000 runs even when nothing was old
+        // enough; looks that counted each run's newer runs with the lock held, seconds each with
+        // a `keepLast` of thousands.)
         let first = try connection.queryOne("SELECT min(id) - 1 FROM runs", [], operation: operation) {
             $0.optionalInt64(0)
         }
         try await Pruning.look(after: first ?? nil, into: &report) { start in
-            if start != first ?? nil { try await handOver() }
-            return try await transaction(operation) { tx in
-                // The last id of the next `span` runs: the end of this look (none left: done).
-                guard
-                    let end = try tx.queryOne(
-                        "SELECT max(id) FROM (SELECT id FROM runs WHERE id > ?1 ORDER BY id LIMIT ?2)",
-                        [.integer(start), .integer(span)], operation: operation, { $0.optionalInt64(0) }
-                    ) ?? nil
-                else { return .done }
-                let ids = try tx.query(
-                    "SELECT r.id \(selection) AND r.id > ?5 AND r.id <= ?6 ORDER BY r.id LIMIT ?4",
-                    arguments + [.integer(batchSize), .integer(start), .integer(end)], operation: operation
-                ) { $0.int64(0) }
-                guard !ids.isEmpty else { return Pruning.Look(found: ids, batchSize: batchSize, end: end) }
-                let list = SQLValue.text(Self.jsonList(ids))
-                let entries = try tx.queryOne(
+            if start != first ?? nil, !dryRun { try await handOver() }
+            // The last id of the next `span` runs: the end of this look (none left: done).
+            guard
+                let end = try connection.queryOne(
+                    "SELECT max(id) FROM (SELECT id FROM runs WHERE id > ?1 ORDER BY id LIMIT ?2)",
+                    [.integer(start), .integer(span)], operation: operation, { $0.optionalInt64(0) }
+                ) ?? nil
+            else { return .done }
+            // Never the run with the highest id, so that no id is ever used twice.
+            let candidates = try connection.query(
+                """
+                SELECT id, flow, subject FROM runs
+                WHERE id > ?1 AND id <= ?2 AND status NOT IN \(RunStatus.unfinishedSQL) AND updated_at < ?3
+                    AND (?4 IS NULL OR flow = ?4) AND id < (SELECT max(id) FROM runs)
+                ORDER BY id
+                """,
+                [.integer(start), .integer(end), cutoff, pruning.flow.map(SQLValue.text) ?? .null],
+                operation: operation
+            ) { (id: $0.int64(0), flow: $0.text(1), subject: $0.text(2)) }
+            var ids: [Int64] = []
+            for run in candidates where ids.count < batchSize {
+                if try run.id < kept.lowest(flow: run.flow, subject: run.subject, in: connection, operation: operation)
+                {
+                    ids.append(run.id)
+                }
+            }
+            let found = Pruning.Look(found: ids, batchSize: Int64(batchSize), end: end)
+            guard !ids.isEmpty else { return found }
+            let list = SQLValue.text(Self.jsonList(ids))
+            if dryRun {
+                let entries = try connection.queryOne(
                     "SELECT count(*) FROM history WHERE run_id IN (SELECT value FROM json_each(?1))", [list],
                     operation: operation
                 ) { Int($0.int64(0)) }
+                return found.removed(runs: ids.count, entries: entries ?? 0)
+            }
+            return try await transaction(operation) { tx in
+                // Each run checked again: a fork may have written to it since the look read it.
+                let entries = try tx.queryOne(
+                    """
+                    SELECT count(*) FROM history WHERE run_id IN (
+                        SELECT id FROM runs WHERE id IN (SELECT value FROM json_each(?1))
+                            AND status NOT IN \(RunStatus.unfinishedSQL) AND updated_at < ?2)
+                    """, [list, cutoff], operation: operation
+                ) { Int($0.int64(0)) }
                 // The history goes with its run (ON DELETE CASCADE).
                 let runs = try tx.run(
-                    "DELETE FROM runs WHERE id IN (SELECT value FROM json_each(?1))", [list], operation: operation)
-                return Pruning.Look(found: ids, batchSize: batchSize, end: end, runs: runs, entries: entries ?? 0)
+                    """
+                    DELETE FROM runs WHERE id IN (SELECT value FROM json_each(?1))
+                        AND status NOT IN \(RunStatus.unfinishedSQL) AND updated_at < ?2
+                    """, [list, cutoff], operation: operation)
+                return found.removed(runs: runs, entries: entries ?? 0)
             }
+        }
+        if dryRun {
+            report.batches = 0
+            return report
         }
         if report.runs > 0 { report.reclaimedBytes = try await reclaimFreePages(operation: operation) }
         return report
@@ -155,6 +170,46 @@ extension HopStore {
     }
 }
 
+/// The runs a prune keeps for `keepLast`: of each flow and subject, every run from its
+/// `keepLast`-th newest on. Each pair's bound is read once (one search of the index by flow,
+/// subject and id, `keepLast` entries long) and remembered for the prune's later looks; counting
+/// each run's newer runs instead cost up to `keepLast` steps a run.
+///
+/// A bound read earlier stays right: runs are only added after it (a prune's own removals are
+/// below it), which keeps more, never fewer.
+struct KeptRuns {
+    let keepLast: Int
+    /// The lowest id kept of each pair seen (`Int64.min`: the pair has fewer runs than `keepLast`).
+    private var bounds: [Pair: Int64] = [:]
+    /// Pairs remembered at most; then forgotten all at once (read again as their runs come).
+    static let remembered = 100_000
+
+    private struct Pair: Hashable {
+        let flow: String
+        let subject: String
+    }
+
+    init(keepLast: Int) {
+        self.keepLast = max(0, keepLast)
+    }
+
+    /// The lowest run id of `flow` for `subject` that the prune keeps: runs below it have
+    /// `keepLast` newer runs.
+    mutating func lowest(flow: String, subject: String, in connection: Connection, operation: String) throws -> Int64 {
+        guard keepLast > 0 else { return .max }
+        let pair = Pair(flow: flow, subject: subject)
+        if let bound = bounds[pair] { return bound }
+        let bound =
+            try connection.queryOne(
+                "SELECT id FROM runs WHERE flow = ?1 AND subject = ?2 ORDER BY id DESC LIMIT 1 OFFSET ?3",
+                [.text(flow), .text(subject), .integer(Int64(keepLast - 1))], operation: operation
+            ) { $0.int64(0) } ?? .min
+        if bounds.count >= Self.remembered { bounds.removeAll(keepingCapacity: true) }
+        bounds[pair] = bound
+        return bound
+    }
+}
+
 /// Which finished runs ``HopStore/prune(_:dryRun:)`` removes.
 public struct Pruning: Sendable, Equatable {
     /// Runs that finished (their last change) before this moment.
@@ -196,6 +251,14 @@ extension Pruning {
             self.runs = runs
             self.entries = entries
             next = Int64(ids.count) == batchSize ? ids.last : end
+        }
+
+        /// This look, having removed `runs` runs with their `entries` history entries.
+        func removed(runs: Int, entries: Int) -> Look {
+            var look = self
+            look.runs = runs
+            look.entries = entries
+            return look
         }
 
         /// No run is left to look at.
