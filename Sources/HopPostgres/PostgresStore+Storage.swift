@@ -103,58 +103,70 @@ extension PostgresStore: HopStorage {
     package func prune(_ pruning: Pruning, dryRun: Bool) async throws -> PruneReport {
         if let flow = pruning.flow { try validate(flow, as: "flow name") }
         let operation = "prune runs finished before \(pruning.finishedBefore.formatted(.iso8601))"
-        let selection = """
-            FROM runs r
-            WHERE r.status NOT IN \(RunStatus.pgUnfinished) AND r.updated_at < $1 AND ($2::text IS NULL OR r.flow = $2)
-                AND r.id < (SELECT max(id) FROM runs)
-                AND (SELECT count(*) FROM (
-                    SELECT 1 FROM runs n WHERE n.flow = r.flow AND n.subject = r.subject AND n.id > r.id LIMIT $3
-                ) AS later) >= $3
-            """
-        let values: [PostgresValue] = [
-            .int(Clock.milliseconds(pruning.finishedBefore)), .optional(pruning.flow),
-            .int(Int64(max(0, pruning.keepLast))),
-        ]
-        if dryRun {
-            let counts = try await readOne(
-                "SELECT count(*), coalesce(sum((SELECT count(*) FROM history h WHERE h.run_id = r.id)), 0)::bigint \(selection)",
-                values, operation: operation
-            ) { (Int(try $0.int64(0)), Int(try $0.int64(1))) }
-            return PruneReport(
-                runs: counts?.0 ?? 0, historyEntries: counts?.1 ?? 0, batches: 0, reclaimedBytes: 0,
-                reclaimsIncrementally: false)
-        }
         // The server's autovacuum reclaims the space of deleted rows for new ones.
         var report = PruneReport(
             runs: 0, historyEntries: 0, batches: 0, reclaimedBytes: 0, reclaimsIncrementally: false)
-        let batchSize = Int64(max(1, pruning.batchSize))
+        // A dry run looks as a prune does, and counts all each look finds.
+        let batchSize = dryRun ? Int.max : max(1, pruning.batchSize)
         let span = Int64(max(1, pruning.scanSpan))
-        // The runs in order of id, `scanSpan` at a time (as on SQLite): no transaction reads every
-        // run, and none reads again the runs an earlier one passed over.
+        let cutoff = PostgresValue.int(Clock.milliseconds(pruning.finishedBefore))
+        var kept = KeptRuns(keepLast: pruning.keepLast)
+        // The runs in order of id, `scanSpan` at a time (as on SQLite): no statement reads every
+        // run, none reads again the runs an earlier one passed over, and only a batch's removal
+        // is a transaction. Each subject's `keepLast`-th newest run is read once (`KeptRuns`).
         let first = try await readOne("SELECT min(id) - 1 FROM runs", operation: operation) {
             try $0.optionalInt64(0)
         }
         try await Pruning.look(after: first ?? nil, into: &report) { start in
-            try await transaction(operation) { tx in
-                guard
-                    let end = try await tx.queryOne(
-                        "SELECT max(id) FROM (SELECT id FROM runs WHERE id > $1 ORDER BY id LIMIT $2) AS look",
-                        [.int(start), .int(span)], { try $0.optionalInt64(0) }) ?? nil
-                else { return .done }
-                let ids = try await tx.query(
-                    "SELECT r.id \(selection) AND r.id > $5 AND r.id <= $6 ORDER BY r.id LIMIT $4 FOR UPDATE SKIP LOCKED",
-                    values + [.int(batchSize), .int(start), .int(end)]
-                ) { try $0.int64(0) }
-                guard !ids.isEmpty else { return Pruning.Look(found: ids, batchSize: batchSize, end: end) }
-                let entries =
-                    try await tx.queryOne("SELECT count(*) FROM history WHERE run_id = ANY($1)", [.ints(ids)]) {
-                        Int(try $0.int64(0))
-                    } ?? 0
-                // The history goes with its run (ON DELETE CASCADE).
-                let runs = try await tx.run("DELETE FROM runs WHERE id = ANY($1) RETURNING 1", [.ints(ids)])
-                return Pruning.Look(found: ids, batchSize: batchSize, end: end, runs: runs, entries: entries)
+            guard
+                let end = try await readOne(
+                    "SELECT max(id) FROM (SELECT id FROM runs WHERE id > $1 ORDER BY id LIMIT $2) AS look",
+                    [.int(start), .int(span)], operation: operation, { try $0.optionalInt64(0) }) ?? nil
+            else { return .done }
+            // Never the run with the highest id, so that no id is ever used twice.
+            let candidates = try await read(
+                """
+                SELECT id, flow, subject FROM runs
+                WHERE id > $1 AND id <= $2 AND status NOT IN \(RunStatus.pgUnfinished) AND updated_at < $3
+                    AND ($4::text IS NULL OR flow = $4) AND id < (SELECT max(id) FROM runs)
+                ORDER BY id
+                """, [.int(start), .int(end), cutoff, .optional(pruning.flow)], operation: operation
+            ) { (id: try $0.int64(0), flow: try $0.text(1), subject: try $0.text(2)) }
+            var ids: [Int64] = []
+            for run in candidates where ids.count < batchSize {
+                let lowest = try await kept.lowest(flow: run.flow, subject: run.subject) { flow, subject, offset in
+                    try await self.readOne(
+                        "SELECT id FROM runs WHERE flow = $1 AND subject = $2 ORDER BY id DESC LIMIT 1 OFFSET $3",
+                        [.text(flow), .text(subject), .int(offset)], operation: operation
+                    ) { try $0.int64(0) }
+                }
+                if run.id < lowest { ids.append(run.id) }
             }
+            let found = Pruning.Look(found: ids, batchSize: Int64(batchSize), end: end)
+            guard !ids.isEmpty else { return found }
+            if dryRun {
+                let entries = try await readOne(
+                    "SELECT count(*) FROM history WHERE run_id = ANY($1)", [.ints(ids)], operation: operation
+                ) { Int(try $0.int64(0)) }
+                return found.removed(runs: ids.count, entries: entries ?? 0)
+            }
+            // Each run checked again (a fork may have written to it since the look read it, or
+            // another engine's prune removed it); the history goes with its run (ON DELETE
+            // CASCADE), counted from the statement's snapshot, from before the removal.
+            let batch = ids
+            let removed = try await transaction(operation) { tx in
+                try await tx.queryOne(
+                    """
+                    WITH gone AS (
+                        DELETE FROM runs WHERE id = ANY($1) AND status NOT IN \(RunStatus.pgUnfinished) AND updated_at < $2
+                        RETURNING id)
+                    SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM history WHERE run_id IN (SELECT id FROM gone))
+                    """, [.ints(batch), cutoff]
+                ) { (runs: Int(try $0.int64(0)), entries: Int(try $0.int64(1))) }
+            }
+            return found.removed(runs: removed?.runs ?? 0, entries: removed?.entries ?? 0)
         }
+        if dryRun { report.batches = 0 }
         return report
     }
 

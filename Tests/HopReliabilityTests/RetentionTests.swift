@@ -281,7 +281,8 @@ import Testing
     }
 
     /// The same on both backends: finished runs (cancelled ones here, all older than the cutoff)
-    /// between unfinished ones, looked at a few at a time.
+    /// between unfinished ones, looked at a few at a time; dry runs and prunes keeping 0 to 5 of
+    /// each subject's newest runs remove (or count) exactly the runs with that many newer ones.
     @Test(arguments: TestBackend.all, [(batch: 2, span: 5), (batch: 20, span: 3)])
     func aPruneRemovesTheSameRunsOnEveryBackend(backend: TestBackend, sizes: (batch: Int, span: Int)) async throws {
         let folder = try TemporaryDirectory()
@@ -298,20 +299,43 @@ import Testing
         }
         let before = try await store.allRuns(flow: "archive")
         let newest = try #require(before.map(\.id).max())
-        let expected = Set(
-            before.filter { run in
-                !run.status.isUnfinished && run.id < newest
-                    && before.contains { $0.subject == run.subject && $0.id > run.id }
-            }.map(\.id))
-        #expect(expected.count == 18 && before.count == 30, "\(expected.count) of \(before.count)")
-
-        let pruning = Pruning(
-            finishedBefore: Date().addingTimeInterval(3600), keepLast: 1, batchSize: sizes.batch, scanSpan: sizes.span)
-        let report = try await store.prune(pruning, dryRun: false)
-        #expect(report.runs == expected.count)
-        let after = try await store.allRuns(flow: "archive")
-        #expect(Set(after.map(\.id)) == Set(before.map(\.id)).subtracting(expected))
-        #expect(try await store.prune(pruning, dryRun: false).runs == 0)
+        // The finished runs of `runs` with `keep` newer runs of their subject, never the newest id.
+        func expected(keeping keep: Int, of runs: [RunRecord]) -> Set<Int64> {
+            Set(
+                runs.filter { run in
+                    !run.status.isUnfinished && run.id < newest
+                        && runs.filter { $0.subject == run.subject && $0.id > run.id }.count >= keep
+                }.map(\.id))
+        }
+        #expect(expected(keeping: 1, of: before).count == 18 && before.count == 30)
+        var entries: [Int64: Int] = [:]
+        for run in before { entries[run.id] = try await store.history(runID: run.id).count }
+        func pruning(keeping keep: Int) -> Pruning {
+            Pruning(
+                finishedBefore: Date().addingTimeInterval(3600), keepLast: keep, batchSize: sizes.batch,
+                scanSpan: sizes.span)
+        }
+        // A dry run counts what a prune would remove, runs and history entries, and changes nothing.
+        for keep in [0, 1, 2, 3, 5] {
+            let ids = expected(keeping: keep, of: before)
+            let dry = try await store.prune(pruning(keeping: keep), dryRun: true)
+            #expect(dry.runs == ids.count && dry.batches == 0, "keep \(keep): \(dry)")
+            #expect(dry.historyEntries == ids.reduce(0) { $0 + (entries[$1] ?? 0) }, "keep \(keep): \(dry)")
+        }
+        #expect(try await store.allRuns(flow: "archive").count == before.count)
+        // Then prunes keeping fewer and fewer runs of each subject.
+        var left = before
+        for keep in [3, 2, 1, 0] {
+            let ids = expected(keeping: keep, of: left)
+            let report = try await store.prune(pruning(keeping: keep), dryRun: false)
+            #expect(report.runs == ids.count, "keep \(keep): \(report)")
+            let after = try await store.allRuns(flow: "archive")
+            #expect(Set(after.map(\.id)) == Set(left.map(\.id)).subtracting(ids), "keep \(keep)")
+            #expect(try await store.prune(pruning(keeping: keep), dryRun: false).runs == 0)
+            left = after
+        }
+        // Keeping none: of the finished runs, only the one with the highest id is left.
+        #expect(left.filter { !$0.status.isUnfinished }.allSatisfy { $0.id == newest }, "\(left.map(\.id))")
     }
 
     private func fileSize(_ path: String) throws -> Int64 {

@@ -95,7 +95,7 @@ import Testing
             "RunRecord.columns", "RunHead.columns", "HistoryEntry.columns", "filter",
             #"durability == .full ? "FULL" : "NORMAL""#,
             "claimable",  // a constant condition around a constant selection (HopStore+Ownership)
-            "selection",  // the constant FROM … WHERE of the runs a prune removes (HopStore+Retention)
+            "selection",  // the constant condition that picks the runs a claim takes (HopStore+Ownership)
             "flowsSQL", "flowsTable",  // the constant table of flow names (HopStore+RunQueries)
             // Statuses and kinds as literals of the code's own enums (a partial index needs them in the text).
             "RunStatus.running.sql", "RunStatus.parked.sql", "RunStatus.unfinishedSQL", "RunStatus.running.condition",

@@ -103,6 +103,12 @@ import Testing
         #expect(vacuum.status == 1 && vacuum.stderr.contains("autovacuum"), "\(vacuum.stderr)")
         let kept = try await hopctl(["history", "--flow", "startup"], in: folder, db: url)
         #expect(kept.status == 0, "the refused prune removed the run: \(kept.stderr)")
+        // A prune there says what becomes of the space, not a file's bytes or `--vacuum`.
+        try await completedStartup(folder, db: url)
+        let prune = try await hopctl(["prune", "--finished-before", "0s"], in: folder, db: url)
+        #expect(prune.status == 0 && prune.stdout.contains("pruned 1 run "), "\(prune.stdout)\(prune.stderr)")
+        #expect(prune.stdout.contains("autovacuum") && !prune.stdout.contains("--vacuum"), "\(prune.stdout)")
+        #expect(!prune.stdout.contains("file system"), "\(prune.stdout)")
         // Through HOP_DB as well as --db.
         let status = try await run("hopctl", ["status", "--json"], environment: ["HOP_DB": url], in: folder)
         #expect(status.status == 0 && status.stdout.contains("\"completed\""), "\(status.stderr)")

@@ -57,10 +57,13 @@ extension HopStore {
             ) { (id: $0.int64(0), flow: $0.text(1), subject: $0.text(2)) }
             var ids: [Int64] = []
             for run in candidates where ids.count < batchSize {
-                if try run.id < kept.lowest(flow: run.flow, subject: run.subject, in: connection, operation: operation)
-                {
-                    ids.append(run.id)
+                let lowest = try await kept.lowest(flow: run.flow, subject: run.subject) { flow, subject, offset in
+                    try connection.queryOne(
+                        "SELECT id FROM runs WHERE flow = ?1 AND subject = ?2 ORDER BY id DESC LIMIT 1 OFFSET ?3",
+                        [.text(flow), .text(subject), .integer(offset)], operation: operation
+                    ) { $0.int64(0) }
                 }
+                if run.id < lowest { ids.append(run.id) }
             }
             let found = Pruning.Look(found: ids, batchSize: Int64(batchSize), end: end)
             guard !ids.isEmpty else { return found }
@@ -173,11 +176,11 @@ extension HopStore {
 /// The runs a prune keeps for `keepLast`: of each flow and subject, every run from its
 /// `keepLast`-th newest on. Each pair's bound is read once (one search of the index by flow,
 /// subject and id, `keepLast` entries long) and remembered for the prune's later looks; counting
-/// each run's newer runs instead cost up to `keepLast` steps a run.
+/// each run's newer runs instead cost up to `keepLast` steps a run. Both backends' prunes use it.
 ///
 /// A bound read earlier stays right: runs are only added after it (a prune's own removals are
 /// below it), which keeps more, never fewer.
-struct KeptRuns {
+package struct KeptRuns {
     let keepLast: Int
     /// The lowest id kept of each pair seen (`Int64.min`: the pair has fewer runs than `keepLast`).
     private var bounds: [Pair: Int64] = [:]
@@ -189,21 +192,23 @@ struct KeptRuns {
         let subject: String
     }
 
-    init(keepLast: Int) {
+    package init(keepLast: Int) {
         self.keepLast = max(0, keepLast)
     }
 
     /// The lowest run id of `flow` for `subject` that the prune keeps: runs below it have
     /// `keepLast` newer runs.
-    mutating func lowest(flow: String, subject: String, in connection: Connection, operation: String) throws -> Int64 {
+    ///
+    /// - Parameter read: the id of the pair's run after skipping `offset` newer ones, if any
+    ///   (`ORDER BY id DESC LIMIT 1 OFFSET offset`), read on the caller's actor.
+    package mutating func lowest(
+        flow: String, subject: String, isolation: isolated (any Actor)? = #isolation,
+        read: (_ flow: String, _ subject: String, _ offset: Int64) async throws -> Int64?
+    ) async rethrows -> Int64 {
         guard keepLast > 0 else { return .max }
         let pair = Pair(flow: flow, subject: subject)
         if let bound = bounds[pair] { return bound }
-        let bound =
-            try connection.queryOne(
-                "SELECT id FROM runs WHERE flow = ?1 AND subject = ?2 ORDER BY id DESC LIMIT 1 OFFSET ?3",
-                [.text(flow), .text(subject), .integer(Int64(keepLast - 1))], operation: operation
-            ) { $0.int64(0) } ?? .min
+        let bound = try await read(flow, subject, Int64(keepLast - 1)) ?? .min
         if bounds.count >= Self.remembered { bounds.removeAll(keepingCapacity: true) }
         bounds[pair] = bound
         return bound
@@ -254,7 +259,7 @@ extension Pruning {
         }
 
         /// This look, having removed `runs` runs with their `entries` history entries.
-        func removed(runs: Int, entries: Int) -> Look {
+        package func removed(runs: Int, entries: Int) -> Look {
             var look = self
             look.runs = runs
             look.entries = entries

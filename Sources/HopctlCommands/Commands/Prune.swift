@@ -79,8 +79,15 @@ struct Prune: AsyncParsableCommand {
         if dryRun {
             return Output.line("would prune \(runs) that finished before \(cutoffText); nothing was changed")
         }
+        let transactions = "\(report.batches) transaction\(report.batches == 1 ? "" : "s")"
+        guard store is HopStore else {
+            // A server's database: no file to give space back from.
+            return Output.line(
+                "pruned \(runs) that finished before \(cutoffText), in \(transactions); the server's autovacuum makes their space reusable"
+            )
+        }
         Output.line(
-            "pruned \(runs) that finished before \(cutoffText), in \(report.batches) transaction\(report.batches == 1 ? "" : "s"); \(report.reclaimedBytes) bytes given back to the file system"
+            "pruned \(runs) that finished before \(cutoffText), in \(transactions); \(report.reclaimedBytes) bytes given back to the file system"
         )
         if vacuum {
             Output.line(
