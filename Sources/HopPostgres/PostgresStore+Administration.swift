@@ -22,11 +22,12 @@ extension PostgresStore: HopAdministration {
         try await read(HopStore.flowNamesSQL, operation: "list flows") { try $0.text(0) }
     }
 
-    package func allRuns(flow: String) async throws -> [RunRecord] {
+    package func allRuns(flow: String, after: Int64, limit: Int) async throws -> [RunRecord] {
         try validate(flow, as: "flow name")
         return try await read(
-            "SELECT \(RunRecord.pgColumns) FROM runs WHERE flow = $1 ORDER BY id", [.text(flow)],
-            operation: "list runs of \(flow)", RunRecord.init(pg:))
+            "SELECT \(RunRecord.pgColumns) FROM runs WHERE flow = $1 AND id > $2 ORDER BY id LIMIT $3",
+            [.text(flow), .int(after), .int(Int64(max(0, limit)))], operation: "list runs of \(flow)",
+            RunRecord.init(pg:))
     }
 
     package func hopGraph(flow: String) async throws -> [HopEdge] {

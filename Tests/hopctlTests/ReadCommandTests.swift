@@ -97,6 +97,15 @@ import Testing
         #expect(two.stdout.split(separator: "\n").count == 3 && two.stderr.contains("first 2"), "\(two.stderr)")
         let bad = try await hopctl(["status", "--limit", "0"], in: folder)
         #expect(bad.status != 0 && bad.stderr.contains("--limit"), "\(bad.stderr)")
+        // Every run's history, read a page of runs at a time (1,000): all 1,005, in order.
+        let histories = try #require(
+            try await hopctlJSON(["history", "--flow", "startup", "--all-runs"], in: folder) as? [[String: Any]])
+        let ids = histories.compactMap { ($0["run"] as? [String: Any])?["run"] as? Int }
+        #expect(ids == Array(1...1_005), "\(ids.count) runs")
+        // (The running run has recorded nothing yet.)
+        #expect(histories.filter { ($0["entries"] as? [Any])?.isEmpty == false }.count == 1_004)
+        let tables = try await hopctl(["history", "--flow", "startup", "--all-runs"], in: folder)
+        #expect(tables.status == 0 && tables.stdout.contains("device-1004") && tables.stdout.contains("device-0000"))
     }
 
     @Test func statusSaysWhichVersionARunNoEngineHoldsWaitsFor() async throws {

@@ -64,10 +64,17 @@ extension HopStore {
 
     /// Every run of `flow`, for every subject, oldest first.
     public func allRuns(flow: String) throws -> [RunRecord] {
+        try allRuns(flow: flow, after: .min, limit: .max)
+    }
+
+    /// The runs of `flow` after run `after`, for every subject, oldest first, at most `limit`
+    /// (one search of the index by flow and id).
+    public func allRuns(flow: String, after: Int64, limit: Int) throws -> [RunRecord] {
         try validate(flow, as: "flow name")
         return try connection.query(
-            "SELECT \(RunRecord.columns) FROM runs WHERE flow = ?1 ORDER BY id", [.text(flow)],
-            operation: "list runs of \(flow)", RunRecord.init(row:))
+            "SELECT \(RunRecord.columns) FROM runs WHERE flow = ?1 AND id > ?2 ORDER BY id LIMIT ?3",
+            [.text(flow), .integer(after), .integer(Int64(max(0, limit)))], operation: "list runs of \(flow)",
+            RunRecord.init(row:))
     }
 
     /// Every run of `flow` for `subject`, oldest first.

@@ -16,8 +16,9 @@ package protocol HopAdministration: HopStorage {
     func runs(flow: String?, subject: String?, status: RunStatus?, limit: Int) async throws -> [RunRecord]
     /// The names of the flows that have runs here, in order.
     func flowNames() async throws -> [String]
-    /// Every run of `flow`, for every subject, oldest first.
-    func allRuns(flow: String) async throws -> [RunRecord]
+    /// The runs of `flow` after run `after`, for every subject, oldest first, at most `limit`: a
+    /// page of every run of the flow, for a reader that must not hold them all at once.
+    func allRuns(flow: String, after: Int64, limit: Int) async throws -> [RunRecord]
     /// The hops observed in all runs of `flow`, with their counts.
     func hopGraph(flow: String) async throws -> [HopEdge]
     /// The patches whose new branch runs of `flow` took.
@@ -72,6 +73,11 @@ package struct HopSnapshot: Sendable {
 }
 
 extension HopAdministration {
+    /// Every run of `flow`, for every subject, oldest first.
+    package func allRuns(flow: String) async throws -> [RunRecord] {
+        try await allRuns(flow: flow, after: .min, limit: .max)
+    }
+
     /// The newest run of each (flow, subject), whatever its status, by flow and subject, at most `limit`.
     package func runs(flow: String?, subject: String?, limit: Int) async throws -> [RunRecord] {
         try await runs(flow: flow, subject: subject, status: nil, limit: limit)

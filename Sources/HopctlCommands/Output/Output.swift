@@ -28,12 +28,49 @@ enum Output {
 
     /// Prints `value` as pretty, key-sorted JSON.
     static func json(_ value: some Encodable) throws {
+        line(try jsonText(value))
+    }
+
+    /// `value` as pretty, key-sorted JSON.
+    static func jsonText(_ value: some Encodable) throws -> String {
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes]
         encoder.dateEncodingStrategy = .iso8601
         let text = String(decoding: try encoder.encode(value), as: UTF8.self)
         // Foundation pretty-prints an empty array with a blank line inside.
-        line(text.filter { !$0.isWhitespace } == "[]" ? "[]" : text)
+        return text.filter { !$0.isWhitespace } == "[]" ? "[]" : text
+    }
+
+    /// Prints a JSON array one element at a time, the same text as ``json(_:)`` prints for the
+    /// whole array: a listing of any length in the memory of a few elements.
+    struct JSONArray {
+        private var elements = 0
+        private var pending = ""
+        private let write: (String) -> Void
+
+        /// - Parameter write: where the text goes (standard output unless a test says otherwise).
+        init(write: @escaping (String) -> Void = { Output.line($0, terminator: "") }) {
+            self.write = write
+        }
+
+        /// Adds `element` to the array.
+        mutating func append(_ element: some Encodable) throws {
+            // One level deeper than on its own: each line indented by two spaces.
+            let lines = try Output.jsonText(element).split(separator: "\n", omittingEmptySubsequences: false)
+            pending +=
+                (elements == 0 ? "[\n" : ",\n") + lines.map { $0.isEmpty ? "" : "  " + $0 }.joined(separator: "\n")
+            elements += 1
+            if pending.utf8.count >= 1 << 16 {
+                write(pending)
+                pending = ""
+            }
+        }
+
+        /// Closes the array and writes what is left.
+        mutating func finish() {
+            write(pending + (elements == 0 ? "[]\n" : "\n]\n"))
+            pending = ""
+        }
     }
 
     /// Prints one line of text for people.
