@@ -41,6 +41,44 @@ final class RawSQLite {
     /// Runs a cached prepared statement; returns the first column of the first row, if any.
     @discardableResult
     func run(_ sql: String, _ values: [Value] = []) throws -> Int64? {
+        var first: Int64?
+        try forEachRow(sql, values) { row in
+            if first == nil { first = row.int64(0) }
+        }
+        return first
+    }
+
+    /// A row of a statement being stepped, valid inside the ``forEachRow(_:_:_:)`` call that hands it.
+    struct Row {
+        fileprivate let statement: OpaquePointer
+
+        func int64(_ column: Int32) -> Int64 { sqlite3_column_int64(statement, column) }
+
+        func text(_ column: Int32) -> Value {
+            guard let bytes = sqlite3_column_text(statement, column) else { return .null }
+            return .text(String(cString: bytes))
+        }
+
+        /// Reads every column as its stored type, text's bytes included, as a program that
+        /// uses the row does, without copying them; returns the bytes read.
+        @discardableResult
+        func readAll() -> Int {
+            var bytes = 0
+            for column in 0..<sqlite3_column_count(statement) {
+                switch sqlite3_column_type(statement, column) {
+                case SQLITE_INTEGER: bytes += Int(truncatingIfNeeded: sqlite3_column_int64(statement, column) & 1)
+                case SQLITE_TEXT:
+                    _ = sqlite3_column_text(statement, column)
+                    bytes += Int(sqlite3_column_bytes(statement, column))
+                default: break
+                }
+            }
+            return bytes
+        }
+    }
+
+    /// Runs a cached prepared statement and calls `row` with each row it returns.
+    func forEachRow(_ sql: String, _ values: [Value] = [], _ row: (Row) throws -> Void) throws {
         let statement = try prepared(sql)
         defer { sqlite3_reset(statement) }
         for (index, value) in values.enumerated() {
@@ -51,14 +89,12 @@ final class RawSQLite {
             case .null: sqlite3_bind_null(statement, position)
             }
         }
-        var first: Int64?
         while true {
             let code = sqlite3_step(statement)
             if code == SQLITE_DONE { break }
             guard code == SQLITE_ROW else { throw failure(sql) }
-            if first == nil { first = sqlite3_column_int64(statement, 0) }
+            try row(Row(statement: statement))
         }
-        return first
     }
 
     private func prepared(_ sql: String) throws -> OpaquePointer {

@@ -173,13 +173,20 @@ struct Scenarios {
     // MARK: resume
 
     /// An engine starts on a database of 100,000 unfinished runs, each in flight at one of ten
-    /// steps; how long until every run has re-entered its step, and the memory that took.
+    /// steps; how long until every run has re-entered its step, and the memory that took. First,
+    /// the floor: the same database work by hand on another copy (``RawResume``).
     private func resume() async throws -> [Figure] {
         let runs = quick ? 5000 : 100_000
         let database = path("resume.sqlite")
-        do {
-            _ = try await Fixtures.hopDatabase(database)
-            try Fixtures.writeChainRuns(runs, to: database)
+        let rawDatabase = path("resume-raw.sqlite")
+        for path in [rawDatabase, database] {
+            _ = try await Fixtures.hopDatabase(path)
+            try Fixtures.writeChainRuns(runs, to: path)
+        }
+        let floor = try await RawResume(path: rawDatabase).resume(
+            runs: runs, inFlight: HopEngine.Configuration().maxConcurrentRuns)
+        guard floor.completed == runs - HopEngine.Configuration().maxConcurrentRuns else {
+            throw BenchError("the raw resume completed \(floor.completed) runs")
         }
         let entered = Atomic<Int>(0)
         let before = Measure.memory().resident
@@ -212,6 +219,8 @@ struct Scenarios {
             Figure("resume.runs", Double(runs), "runs"),
             Figure("resume.seconds", seconds, "s"),
             Figure("resume.rate", Double(runs) / seconds, "runs/s"),
+            Figure("resume.raw-seconds", floor.seconds, "s"),
+            Figure("resume.ratio", floor.seconds / seconds, "x"),
             Figure("resume.peak-memory", memory.peak, "MiB"),
             Figure("resume.memory-before", before, "MiB"),
         ]
