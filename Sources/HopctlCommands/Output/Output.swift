@@ -33,19 +33,31 @@ enum Output {
 
     /// `value` as pretty, key-sorted JSON.
     static func jsonText(_ value: some Encodable) throws -> String {
+        let bytes = try jsonEncoder().encode(value)
+        // Foundation pretty-prints an empty array with a blank line inside.
+        let isEmptyArray = bytes.lazy.filter { !isJSONWhitespace($0) }.elementsEqual("[]".utf8)
+        return isEmptyArray ? "[]" : String(decoding: bytes, as: UTF8.self)
+    }
+
+    /// The encoder of hopctl's JSON: pretty-printed, keys sorted, dates in ISO 8601.
+    static func jsonEncoder() -> JSONEncoder {
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes]
         encoder.dateEncodingStrategy = .iso8601
-        let text = String(decoding: try encoder.encode(value), as: UTF8.self)
-        // Foundation pretty-prints an empty array with a blank line inside.
-        return text.filter { !$0.isWhitespace } == "[]" ? "[]" : text
+        return encoder
+    }
+
+    private static func isJSONWhitespace(_ byte: UInt8) -> Bool {
+        byte == UInt8(ascii: " ") || byte == UInt8(ascii: "\n") || byte == UInt8(ascii: "\t")
+            || byte == UInt8(ascii: "\r")
     }
 
     /// Prints a JSON array one element at a time, the same text as ``json(_:)`` prints for the
     /// whole array: a listing of any length in the memory of a few elements.
     struct JSONArray {
         private var elements = 0
-        private var pending = ""
+        private var pending: [UInt8] = []
+        private let encoder = Output.jsonEncoder()
         private let write: (String) -> Void
 
         /// - Parameter write: where the text goes (standard output unless a test says otherwise).
@@ -55,21 +67,35 @@ enum Output {
 
         /// Adds `element` to the array.
         mutating func append(_ element: some Encodable) throws {
-            // One level deeper than on its own: each line indented by two spaces.
-            let lines = try Output.jsonText(element).split(separator: "\n", omittingEmptySubsequences: false)
-            pending +=
-                (elements == 0 ? "[\n" : ",\n") + lines.map { $0.isEmpty ? "" : "  " + $0 }.joined(separator: "\n")
-            elements += 1
-            if pending.utf8.count >= 1 << 16 {
-                write(pending)
-                pending = ""
+            let bytes = try encoder.encode(element)
+            pending.append(contentsOf: (elements == 0 ? "[\n" : ",\n").utf8)
+            // One level deeper than on its own: each line but an empty one indented by two spaces.
+            let newline = UInt8(ascii: "\n")
+            let space = UInt8(ascii: " ")
+            bytes.withUnsafeBytes { text in
+                var lineStarts = true
+                for byte in text {
+                    if lineStarts && byte != newline {
+                        pending.append(space)
+                        pending.append(space)
+                    }
+                    pending.append(byte)
+                    lineStarts = byte == newline
+                }
             }
+            elements += 1
+            if pending.count >= 1 << 16 { flush() }
         }
 
         /// Closes the array and writes what is left.
         mutating func finish() {
-            write(pending + (elements == 0 ? "[]\n" : "\n]\n"))
-            pending = ""
+            pending.append(contentsOf: (elements == 0 ? "[]\n" : "\n]\n").utf8)
+            flush()
+        }
+
+        private mutating func flush() {
+            write(String(decoding: pending, as: UTF8.self))
+            pending.removeAll(keepingCapacity: true)
         }
     }
 
