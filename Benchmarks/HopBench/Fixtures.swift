@@ -6,9 +6,16 @@ enum Fixtures {
     /// The flow of the `resume` and `hopctl` databases: ten steps in a row.
     static let chainSteps = (0..<10).map { "s\($0)" }
 
-    /// Creates (migrates) a Hop database at `path` and returns it.
+    /// Creates (migrates) a new Hop database at `path` and returns it.
+    /// - Throws: when `path` exists: a scenario measures from the database it wrote itself, and
+    ///   one left by an earlier run (`--child NAME --folder DIR` twice on one folder) would make
+    ///   the figures lie, or the fixture fail on its first insert.
     static func hopDatabase(_ path: String, durability: HopStore.Durability = .full) async throws -> HopStore {
-        try await HopStore.open(path: path, options: .init(durability: durability))
+        guard !FileManager.default.fileExists(atPath: path) else {
+            throw BenchError(
+                "\(path) exists: a scenario starts from databases of its own; give --folder a new or empty folder")
+        }
+        return try await HopStore.open(path: path, options: .init(durability: durability))
     }
 
     /// Writes `count` runs of the `chain` flow, run `i` in flight at step `s(i % 10)` after
