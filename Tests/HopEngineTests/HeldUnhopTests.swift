@@ -2,6 +2,7 @@ import Foundation
 import HopEngine
 import HopStore
 import HopTestSupport
+import InMemoryTracing
 import Logging
 import Synchronization
 import Testing
@@ -289,6 +290,68 @@ import Testing
         #expect(history.map(\.kind) == [.hop, .unhop, .hop, .unhop, .complete])
         #expect(history[1].value == #""from outside""#)
         #expect(outputs.withLock { $0 } == ["from outside"])
+    }
+
+    /// A run cancelled by another process (`hopctl cancel`) after its step returned and before
+    /// its next record: that record, carrying the held unhop, is refused, and the execution stops
+    /// as finished elsewhere, writing nothing more; it is not a failure of the run's.
+    @Test func aRunCancelledBeforeItsHeldUnhopIsWrittenStopsAsFinishedElsewhere() async throws {
+        let folder = try TemporaryDirectory()
+        let tracer = InMemoryTracer()
+        var configuration = HopEngine.Configuration(tracer: tracer)
+        configuration.heldUnhopLimit = .seconds(600)  // held until the body's next record
+        let returned = Gate()
+        let gate = Gate()
+        let engine = try await Self.pairEngine(
+            folder, configuration: configuration,
+            between: { _, _ in
+                returned.open()
+                await gate.wait()
+            })
+        let started = try await engine.start("pair")
+        await returned.wait()
+        let cancel = try await run("hopctl", ["cancel", "--flow", "pair", "--db", folder.database], in: folder)
+        #expect(cancel.status == 0, "\(cancel.stderr)")
+        gate.open()
+        #expect(try await engine.settled(runID: started.id)?.status == .cancelled)
+        let execution = try #require(tracer.finishedSpans.first { $0.operationName == "run pair" })
+        #expect(execution.attributes.get("hop.outcome") == "finished_elsewhere")
+        #expect(execution.errors.isEmpty, "\(execution.errors)")
+        let history = try await engine.storage.history(runID: started.id)
+        #expect(history.map(\.kind) == [.hop, .cancel], "the step's end and the next hop were not written")
+    }
+
+    /// A step that fails after another process cancelled its run (`hopctl cancel`) while it ran:
+    /// the execution stops as finished elsewhere and tries to record nothing, neither the
+    /// failed attempt nor the step's end.
+    @Test func aStepThatFailsAfterItsRunWasCancelledElsewhereRecordsNothing() async throws {
+        struct StepError: Error {}
+        let folder = try TemporaryDirectory()
+        let tracer = InMemoryTracer()
+        let attempted = Mutex<[HistoryKind]>([])
+        let configuration = HopEngine.Configuration(
+            observer: { event in
+                if case .willRecord(_, let kind, _) = event { attempted.withLock { $0.append(kind) } }
+            }, tracer: tracer)
+        let running = Gate()
+        let proceed = Gate()
+        let engine = try await Self.pairEngine(
+            folder, configuration: configuration,
+            first: { _ in
+                running.open()
+                await proceed.wait()
+                throw StepError()
+            })
+        let started = try await engine.start("pair")
+        await running.wait()
+        let cancel = try await run("hopctl", ["cancel", "--flow", "pair", "--db", folder.database], in: folder)
+        #expect(cancel.status == 0, "\(cancel.stderr)")
+        proceed.open()
+        #expect(try await engine.settled(runID: started.id)?.status == .cancelled)
+        #expect(attempted.withLock { $0 } == [.hop], "only the hop to the step was recorded")
+        let execution = try #require(tracer.finishedSpans.first { $0.operationName == "run pair" })
+        #expect(execution.attributes.get("hop.outcome") == "finished_elsewhere")
+        #expect(try await engine.storage.history(runID: started.id).map(\.kind) == [.hop, .cancel])
     }
 
     /// A step that unhops after it returned (from a task it left behind) is refused, whether

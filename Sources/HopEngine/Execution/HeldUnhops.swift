@@ -156,9 +156,12 @@ extension RunExecutor {
     /// its unhop was written (`engine.unhop` with its token), stops this execution: the run is
     /// executed again from its history, which holds that end and its output.
     func stopIfStepEndedElsewhere(step: String, token: String) async throws {
-        guard let current = try await storage.run(id: run.id), current.status.isUnfinished,
-            current.currentToken != token
-        else { return }
+        try stopIfStepEndedElsewhere(step: step, token: token, as: try await storage.run(id: run.id))
+    }
+
+    /// ``stopIfStepEndedElsewhere(step:token:)`` for the run as the caller has just read it (`current`).
+    func stopIfStepEndedElsewhere(step: String, token: String, as current: RunRecord?) throws {
+        guard let current, current.status.isUnfinished, current.currentToken != token else { return }
         dropHeldUnhop()
         stop(Suspension.endedElsewhere(step: step))
         throw Suspension.endedElsewhere(step: step)
@@ -198,8 +201,9 @@ extension RunExecutor {
             // executed again from its history, which holds that end and its output.
             restoreHeldUnhop(step: step, token: token)
             if let refusal = error as? HopError, refusal.code == .refused {
-                try await stopIfFinishedElsewhere()
-                try await stopIfStepEndedElsewhere(step: step, token: token)
+                let current = try await storage.run(id: run.id)  // one read for both questions
+                try stopIfFinishedElsewhere(as: current)
+                try stopIfStepEndedElsewhere(step: step, token: token, as: current)
             }
             throw error
         }

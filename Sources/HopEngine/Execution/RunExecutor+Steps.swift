@@ -106,7 +106,8 @@ extension RunExecutor {
         // that is no fault of the step's, so it is not retried or failed; the run stops
         // and stays resumable.
         if let failure = error as? HopError, failure.isDatabaseFailure { throw failure }
-        try await stopIfFinishedElsewhere()
+        let current = try await storage.run(id: run.id)  // one read for both questions below
+        try stopIfFinishedElsewhere(as: current)
         if unhop.result.unhopped {
             environment.logger.warning(
                 "step threw after it unhopped; the unhop stands",
@@ -115,7 +116,7 @@ extension RunExecutor {
         }
         // Ended from outside meanwhile (`engine.unhop` with its token; its own unhop was then
         // refused): not a failure of the step's; the run goes on from its history.
-        try await stopIfStepEndedElsewhere(step: step, token: token)
+        try stopIfStepEndedElsewhere(step: step, token: token, as: current)
         let final = attempt >= retry.maxAttempts
         // Each failed attempt is on the step's span; the last one fails it (see `enter`).
         if !final { span.recordError(error, attributes: [SpanKey.attempts: .int64(Int64(attempt))]) }

@@ -293,9 +293,12 @@ final class RunExecutor: FlowExecution {
 
     /// When the run was finished or taken over elsewhere, stops this execution (it writes nothing more).
     func stopIfFinishedElsewhere() async throws {
-        if let current = try await storage.run(id: run.id),
-            !current.status.isUnfinished || current.owner != environment.owner
-        {
+        try stopIfFinishedElsewhere(as: try await storage.run(id: run.id))
+    }
+
+    /// ``stopIfFinishedElsewhere()`` for the run as the caller has just read it (`current`).
+    func stopIfFinishedElsewhere(as current: RunRecord?) throws {
+        if let current, !current.status.isUnfinished || current.owner != environment.owner {
             stop(Suspension.finished)
             throw Suspension.finished
         }
