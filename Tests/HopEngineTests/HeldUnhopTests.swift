@@ -292,6 +292,12 @@ import Testing
         #expect(outputs.withLock { $0 } == ["from outside"])
     }
 
+    /// Cancels the run of "pair" as an operator does: `hopctl cancel`, a process of its own.
+    static func cancelWithHopctl(_ folder: TemporaryDirectory) async throws {
+        let cancel = try await run("hopctl", ["cancel", "--flow", "pair", "--db", folder.database], in: folder)
+        #expect(cancel.status == 0, "\(cancel.stderr)")
+    }
+
     /// A run cancelled by another process (`hopctl cancel`) after its step returned and before
     /// its next record: that record, carrying the held unhop, is refused, and the execution stops
     /// as finished elsewhere, writing nothing more; it is not a failure of the run's.
@@ -310,8 +316,7 @@ import Testing
             })
         let started = try await engine.start("pair")
         await returned.wait()
-        let cancel = try await run("hopctl", ["cancel", "--flow", "pair", "--db", folder.database], in: folder)
-        #expect(cancel.status == 0, "\(cancel.stderr)")
+        try await Self.cancelWithHopctl(folder)
         gate.open()
         #expect(try await engine.settled(runID: started.id)?.status == .cancelled)
         let execution = try #require(tracer.finishedSpans.first { $0.operationName == "run pair" })
@@ -344,8 +349,7 @@ import Testing
             })
         let started = try await engine.start("pair")
         await running.wait()
-        let cancel = try await run("hopctl", ["cancel", "--flow", "pair", "--db", folder.database], in: folder)
-        #expect(cancel.status == 0, "\(cancel.stderr)")
+        try await Self.cancelWithHopctl(folder)
         proceed.open()
         #expect(try await engine.settled(runID: started.id)?.status == .cancelled)
         #expect(attempted.withLock { $0 } == [.hop], "only the hop to the step was recorded")
