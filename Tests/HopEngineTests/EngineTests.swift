@@ -594,4 +594,27 @@ struct CacheError: Error, CustomStringConvertible {
             ])
         #expect(try await storage.hopGraph(flow: "none").isEmpty)
     }
+
+    /// `hopctl history --all-runs` reads a flow's runs a page at a time: on every backend, the
+    /// pages hold every run of the flow once, in order, and none of another flow's.
+    @Test(arguments: TestBackend.all)
+    func aFlowsRunsReadAPageAtATimeAreEachRunOnceInOrder(backend: TestBackend) async throws {
+        let folder = try TemporaryDirectory()
+        let storage = try await backend.open(folder)
+        var expected: [Int64] = []
+        for index in 0..<7 {
+            expected.append(try await storage.startRun(flow: "tour", subject: "s\(index)", version: "1").run.id)
+            _ = try await storage.startRun(flow: "other", subject: "s\(index)", version: "1")
+        }
+        var pages: [[Int64]] = []
+        var after = Int64.min
+        while pages.count < 10 {  // a page that repeats its predecessor's last run would never end
+            let page = try await storage.allRuns(flow: "tour", after: after, limit: 3).map(\.id)
+            pages.append(page)
+            guard let last = page.last else { break }
+            after = last
+        }
+        #expect(pages == [Array(expected[0..<3]), Array(expected[3..<6]), [expected[6]], []])
+        #expect(try await storage.allRuns(flow: "tour").map(\.id) == expected)
+    }
 }
