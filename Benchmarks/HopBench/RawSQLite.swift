@@ -60,13 +60,13 @@ final class RawSQLite {
         }
 
         /// Reads every column as its stored type, text's bytes included, as a program that
-        /// uses the row does, without copying them; returns the bytes read.
+        /// uses the row does, without copying them; returns how many bytes of text it read.
         @discardableResult
         func readAll() -> Int {
             var bytes = 0
             for column in 0..<sqlite3_column_count(statement) {
                 switch sqlite3_column_type(statement, column) {
-                case SQLITE_INTEGER: bytes += Int(truncatingIfNeeded: sqlite3_column_int64(statement, column) & 1)
+                case SQLITE_INTEGER: _ = sqlite3_column_int64(statement, column)
                 case SQLITE_TEXT:
                     _ = sqlite3_column_text(statement, column)
                     bytes += Int(sqlite3_column_bytes(statement, column))
