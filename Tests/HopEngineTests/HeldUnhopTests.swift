@@ -127,20 +127,24 @@ import Testing
             by: [.unhop(token: token, output: nil), .complete], owner: "engine", .refused, "a cancelled run")
     }
 
-    /// One write: both records are announced before either is recorded.
-    @Test func aStepThatReturnsIsUnhoppedWithTheRunsNextRecordInOneWrite() async throws {
+    /// One write: both records are announced before either is recorded, whether the step
+    /// returned without unhopping or unhopped itself (with an output) before it returned.
+    @Test(arguments: [false, true])
+    func aStepThatReturnsOrUnhopsIsUnhoppedWithTheRunsNextRecordInOneWrite(unhopsItself: Bool) async throws {
         let folder = try TemporaryDirectory()
         let events = Mutex<[String]>([])
+        var configuration = HopEngine.Configuration(observer: { event in
+            switch event {
+            case .willRecord(_, let kind, let step): events.withLock { $0.append("will \(kind) \(step ?? "-")") }
+            case .recorded(_, let entry): events.withLock { $0.append("did \(entry.kind) \(entry.step ?? "-")") }
+            default: break
+            }
+        })
+        // Held until the body's next record, however busy the machine (the sweep is tested below).
+        configuration.heldUnhopLimit = .seconds(600)
         let engine = try await Self.pairEngine(
-            folder,
-            configuration: .init(observer: { event in
-                switch event {
-                case .willRecord(_, let kind, let step): events.withLock { $0.append("will \(kind) \(step ?? "-")") }
-                case .recorded(_, let entry):
-                    events.withLock { $0.append("did \(entry.kind) \(entry.step ?? "-")") }
-                default: break
-                }
-            }))
+            folder, configuration: configuration,
+            first: { context in if unhopsItself { try await context.unhop(output: "own") } })
         let run = try await engine.start("pair")
         #expect(try await engine.settled(runID: run.id)?.status == .completed)
         #expect(
@@ -149,8 +153,126 @@ import Testing
                 "will unhop first", "will hop second", "did unhop first", "did hop second",
                 "will unhop second", "will complete -", "did unhop second", "did complete -",
             ])
+        let history = try await engine.storage.history(runID: run.id)
+        #expect(history.map(\.kind) == [.hop, .unhop, .hop, .unhop, .complete])
+        #expect(history[1].value == (unhopsItself ? #""own""# : nil))
+    }
+
+    /// A step that unhops and goes on running: its unhop does not wait for the step's return
+    /// (the body does), it is written and committed within milliseconds.
+    @Test func aStepThatUnhopsAndRunsOnHasItsUnhopDurableWithinMilliseconds() async throws {
+        let folder = try TemporaryDirectory()
+        let gate = Gate()
+        let engine = try await Self.pairEngine(
+            folder,
+            first: { context in
+                try await context.unhop(output: "own")
+                await gate.wait()
+            })
+        let run = try await engine.start("pair")
+        let elsewhere = try await HopStore.open(path: folder.database, options: HopStore.Options(migrate: false))
+        try await waitUntil("another process sees the running step's unhop", timeout: .seconds(20)) {
+            try await elsewhere.history(runID: run.id).map(\.kind) == [.hop, .unhop]
+        }
+        #expect(try await elsewhere.history(runID: run.id).last?.value == #""own""#)
+        gate.open()
+        #expect(try await engine.settled(runID: run.id)?.status == .completed)
+    }
+
+    /// `context.makeDurable()` right after a step's own unhop commits it at once, though the
+    /// step runs on and no record came since (the hold limit and the store's commit delay are
+    /// longer than the test).
+    @Test func stepMakeDurableCommitsTheStepsOwnUnhop() async throws {
+        let folder = try TemporaryDirectory()
+        var configuration = HopEngine.Configuration()
+        configuration.heldUnhopLimit = .seconds(600)
+        let gate = Gate()
+        let madeDurable = Gate()
+        let engine = try await Self.pairEngine(
+            folder, commitDelay: .seconds(600), configuration: configuration,
+            first: { context in
+                try await context.unhop(output: "own")
+                try await context.makeDurable()
+                madeDurable.open()
+                await gate.wait()
+            })
+        let run = try await engine.start("pair")
+        await madeDurable.wait()
+        let elsewhere = try await HopStore.open(path: folder.database, options: HopStore.Options(migrate: false))
+        let history = try await elsewhere.history(runID: run.id)
+        #expect(history.map(\.kind) == [.hop, .unhop])
+        #expect(history.last?.value == #""own""#)
+        gate.open()
+        #expect(try await engine.settled(runID: run.id)?.status == .completed)
+    }
+
+    /// A step unhops once: a second unhop is refused at once and changes nothing, the first
+    /// one's output stands.
+    @Test func aStepsSecondUnhopIsRefusedAndTheFirstStands() async throws {
+        let folder = try TemporaryDirectory()
+        let second = Mutex<HopError.Code?>(nil)
+        let outputs = Mutex<[String?]>([])
+        let engine = try await Self.pairEngine(
+            folder,
+            first: { context in
+                try await context.unhop(output: "first")
+                do {
+                    try await context.unhop(output: "second")
+                } catch let error as HopError {
+                    second.withLock { $0 = error.code }
+                }
+            }
+        ) { _, output in outputs.withLock { $0.append(output) } }
+        let run = try await engine.start("pair")
+        #expect(try await engine.settled(runID: run.id)?.status == .completed)
+        #expect(second.withLock { $0 } == .refused)
+        #expect(outputs.withLock { $0 } == ["first"])
+        let history = try await engine.storage.history(runID: run.id)
+        #expect(history.map(\.kind) == [.hop, .unhop, .hop, .unhop, .complete])
+        #expect(history[1].value == #""first""#)
+    }
+
+    /// A step that timed out cannot unhop afterwards (from a task it left behind): refused,
+    /// and the run goes on along its timeout branch, the step not ended twice.
+    @Test func aStepThatTimedOutCannotUnhopAfterwards() async throws {
+        let folder = try TemporaryDirectory()
+        let engine = HopEngine(store: try await HopStore.open(path: folder.database), logger: Self.quiet)
+        let late = Mutex<Task<HopError.Code?, Never>?>(nil)
+        let timedOut = Gate()
+        let gate = Gate()
+        engine.register(
+            Flow("slow", version: "1") { flow in
+                if try await flow.hop(to: "first", timeout: .milliseconds(50)).timedOut {
+                    timedOut.open()
+                    await gate.wait()
+                }
+                try await flow.hop(to: "second")
+            })
+        engine.register(step: "first") { context in
+            late.withLock {
+                $0 = Task {
+                    await timedOut.wait()
+                    do {
+                        try await context.unhop()
+                        return nil
+                    } catch let error as HopError {
+                        return error.code
+                    } catch {
+                        return .invalidInput
+                    }
+                }
+            }
+            try await Task.sleep(for: .seconds(600))  // cancelled at the deadline
+        }
+        engine.register(step: "second") { _ in }
+        let run = try await engine.start("slow")
+        await timedOut.wait()
+        let task = try #require(late.withLock { $0 })
+        #expect(await task.value == .refused)
+        gate.open()
+        #expect(try await engine.settled(runID: run.id)?.status == .completed)
         #expect(
-            try await engine.storage.history(runID: run.id).map(\.kind) == [.hop, .unhop, .hop, .unhop, .complete])
+            try await engine.storage.history(runID: run.id).map(\.kind) == [.hop, .timeout, .hop, .unhop, .complete])
     }
 
     /// A body that awaits something of its own between two steps (no record) does not keep the
@@ -255,25 +377,33 @@ import Testing
         #expect(outputs.withLock { $0 } == [nil, "from outside"], "the body went on without the history's output")
     }
 
-    /// A step still running when it is ended from outside (`engine.unhop` with its token):
-    /// its own unhop is refused, which fails neither the step nor the run; the run goes on
-    /// from its history, with the outside unhop's output.
-    @Test func aRunningStepEndedFromOutsideLetsTheRunGoOnFromHistory() async throws {
+    /// A step still running when it is ended from outside (`engine.unhop` with its token),
+    /// which then unhops itself: its unhop is taken, and refused when written — with the
+    /// body's next record, or at once by the step's `makeDurable()`, which throws the refusal.
+    /// That fails neither the step nor the run, whether the step throws the refusal or returns:
+    /// the run goes on from its history, with the outside unhop's output (a body that went on
+    /// with the step's own output is executed again from the history).
+    @Test(arguments: [(false, false), (true, false), (true, true)])
+    func aRunningStepEndedFromOutsideLetsTheRunGoOnFromHistory(makesDurable: Bool, throwsIt: Bool) async throws {
         let folder = try TemporaryDirectory()
+        var configuration = HopEngine.Configuration()
+        configuration.heldUnhopLimit = .seconds(600)  // written with the body's next record, or by makeDurable
         let running = Gate()
         let proceed = Gate()
         let refusal = Mutex<HopError.Code?>(nil)
         let outputs = Mutex<[String?]>([])
         let engine = try await Self.pairEngine(
-            folder,
+            folder, configuration: configuration,
             first: { context in
                 running.open()
                 await proceed.wait()
+                try await context.unhop(output: "own")
+                guard makesDurable else { return }
                 do {
-                    try await context.unhop(output: "own")
+                    try await context.makeDurable()
                 } catch let error as HopError {
                     refusal.withLock { $0 = error.code }
-                    throw error
+                    if throwsIt { throw error }
                 }
             }
         ) { _, output in outputs.withLock { $0.append(output) } }
@@ -285,11 +415,11 @@ import Testing
         try await waitUntil("the run completes", timeout: .seconds(20)) {
             try await engine.storage.run(id: run.id)?.status == .completed
         }
-        #expect(refusal.withLock { $0 } == .refused)
+        #expect(refusal.withLock { $0 } == (makesDurable ? .refused : nil))
         let history = try await engine.storage.history(runID: run.id)
         #expect(history.map(\.kind) == [.hop, .unhop, .hop, .unhop, .complete])
         #expect(history[1].value == #""from outside""#)
-        #expect(outputs.withLock { $0 } == ["from outside"])
+        #expect(outputs.withLock { $0 } == (makesDurable ? ["from outside"] : ["own", "from outside"]))
     }
 
     /// Cancels the run of "pair" as an operator does: `hopctl cancel`, a process of its own.

@@ -1,11 +1,12 @@
 import HopStore
 import Synchronization
 
-/// The unhop of a step that returned without unhopping, held by its run's executor until the
-/// run's next record, which writes both as one: one trip to the store, one check of the run,
-/// one update of its row (``HopStorage/record(_:runID:owner:durability:)`` with the unhop
-/// first). An unhop is coalesced (not durable before the next durable write) either way, so a
-/// crash loses nothing that was durable: the step runs again, as for a crash before its unhop.
+/// A step's unhop — its own `unhop()`, or its return without one — held by its run's executor
+/// until the run's next record, which writes both as one: one trip to the store, one check of
+/// the run, one update of its row (``HopStorage/record(_:runID:owner:durability:)`` with the
+/// unhop first). An unhop is coalesced (not durable before the next durable write) either way,
+/// so a crash loses nothing that was durable: the step runs again, as for a crash before its
+/// unhop.
 ///
 /// Nothing stays held long: every path on which the run waits (a durable sleep, a request to
 /// make its records durable) or ends (stopped, failed, diverged) writes it first, and
@@ -13,8 +14,8 @@ import Synchronization
 /// ``HeldUnhops/limit`` (a flow body that awaits something else between two steps).
 enum HeldUnhop: Sendable {
     case none
-    /// Held: the step and its hop's token.
-    case held(step: String, token: String)
+    /// Held: the step's end, with its name, its hop's token and its output.
+    case held(StepUnhop)
     /// Being written alone: the run's next record waits for it.
     case writing(Task<Void, Never>)
 }
@@ -79,23 +80,22 @@ final class HeldUnhops: Sendable {
 }
 
 extension RunExecutor {
-    /// Holds the unhop of `step` (hopped with `token`), which returned without unhopping:
-    /// the run's next record writes it.
-    func holdUnhop(step: String, token: String) {
-        held.withLock { $0 = .held(step: step, token: token) }
+    /// Holds the unhop of a step that unhopped, or returned: the run's next record writes it.
+    func holdUnhop(_ unhop: StepUnhop) {
+        held.withLock { $0 = .held(unhop) }
         environment.heldUnhops.hold(self)
     }
 
     /// Takes the held unhop, if any, for the caller to write with its record; waits while it
     /// is being written alone.
-    func takeHeldUnhop() async throws -> (step: String, token: String)? {
+    func takeHeldUnhop() async throws -> StepUnhop? {
         while true {
-            let (taken, writing) = held.withLock { state -> ((step: String, token: String)?, Task<Void, Never>?) in
+            let (taken, writing) = held.withLock { state -> (StepUnhop?, Task<Void, Never>?) in
                 switch state {
                 case .none: return (nil, nil)
-                case .held(let step, let token):
+                case .held(let unhop):
                     state = .none
-                    return ((step, token), nil)
+                    return (unhop, nil)
                 case .writing(let task): return (nil, task)
                 }
             }
@@ -112,10 +112,10 @@ extension RunExecutor {
     }
 
     /// Puts an unhop back that a failed record took: nothing of that record was written.
-    func restoreHeldUnhop(step: String, token: String) {
+    func restoreHeldUnhop(_ unhop: StepUnhop) {
         let restored = held.withLock { state in
             guard case .none = state else { return false }
-            state = .held(step: step, token: token)
+            state = .held(unhop)
             return true
         }
         if restored { environment.heldUnhops.hold(self) }
@@ -128,19 +128,22 @@ extension RunExecutor {
             switch state {
             case .none: return nil
             case .writing(let task): return task
-            case .held(let step, let token):
+            case .held(let unhop):
                 let task = Task {
                     do {
-                        try await self.record(.unhop, step) { storage, runID, owner in
+                        try await self.record(.unhop, unhop.step) { storage, runID, owner in
                             try await storage.recordUnhop(
-                                runID: runID, token: token, output: nil, owner: owner, durability: .coalesced)
+                                runID: runID, token: unhop.token, output: unhop.output, owner: owner,
+                                durability: .coalesced)
                         }
                         self.environment.metrics.unhops.increment()
                     } catch let error as HopError where error.code == .refused {
-                        try? await self.stopIfStepEndedElsewhere(step: step, token: token)
+                        unhop.writeFailed(error)
+                        try? await self.stopIfStepEndedElsewhere(step: unhop.step, token: unhop.token)
                     } catch {
                         // Lost with the transaction, or the run was finished elsewhere: the
                         // run's next record, refused, says so.
+                        unhop.writeFailed(error)
                     }
                     self.held.withLock { $0 = .none }
                 }
@@ -181,29 +184,29 @@ extension RunExecutor {
     @discardableResult
     func record(_ write: RunWrite, step name: String? = nil, durability: WriteDurability) async throws -> HistoryEntry {
         let (kind, name) = (write.kind, name ?? write.name)
-        guard let (step, token) = try await takeHeldUnhop() else {
+        guard let unhop = try await takeHeldUnhop() else {
             return try await record(kind, name) { storage, runID, owner in
                 try await storage.record(write, runID: runID, owner: owner, durability: durability)
             }
         }
         let ref = environment.ref(run)
-        environment.notify(.willRecord(run: ref, kind: .unhop, step: step))
+        environment.notify(.willRecord(run: ref, kind: .unhop, step: unhop.step))
         environment.notify(.willRecord(run: ref, kind: kind, step: name))
         let entries: [HistoryEntry]
         do {
             entries = try await storage.record(
-                [.unhop(token: token, output: nil), write], runID: run.id, owner: environment.owner,
+                [.unhop(token: unhop.token, output: unhop.output), write], runID: run.id, owner: environment.owner,
                 durability: durability)
         } catch {
             // Nothing of it was written: the unhop waits for the run's next record, unless the
             // run was finished or taken over elsewhere (then this execution stops), or the step
             // was ended from outside meanwhile (`engine.unhop` with its token): then the run is
             // executed again from its history, which holds that end and its output.
-            restoreHeldUnhop(step: step, token: token)
+            restoreHeldUnhop(unhop)
             if let refusal = error as? HopError, refusal.code == .refused {
                 let current = try await storage.run(id: run.id)  // one read for both questions
                 try stopIfFinishedElsewhere(as: current)
-                try stopIfStepEndedElsewhere(step: step, token: token, as: current)
+                try stopIfStepEndedElsewhere(step: unhop.step, token: unhop.token, as: current)
             }
             throw error
         }

@@ -33,14 +33,14 @@ extension RunExecutor {
             span.setAttribute(SpanKey.attempts, attempt)
             let unhop = StepUnhop(executor: self, step: step, token: token)
             let started = ContinuousClock.now
+            let finished: Bool
             do {
-                let finished = try await runStep(
+                finished = try await runStep(
                     registration.factory,
                     StepContext(
                         flow: run.flow, subject: run.subject, runID: run.id, step: step, token: token, attempt: attempt,
                         isReentry: isReentry, storage: storage, unhop: unhop),
                     until: deadline)
-                return try await stepReturned(finished, step: step, token: token, unhop: unhop, started: started)
             } catch {
                 if let output = try await stepThrew(
                     error, step: step, token: token, retry: registration.retry, attempt: attempt, unhop: unhop,
@@ -48,8 +48,12 @@ extension RunExecutor {
                 {
                     return output
                 }
+                attempt += 1
+                continue
             }
-            attempt += 1
+            // What follows the body's return (its timeout recorded, the execution found stopped)
+            // is the engine's, not a failure of the step's to retry.
+            return try await stepReturned(finished, step: step, token: token, unhop: unhop, started: started)
         }
     }
 
@@ -81,17 +85,14 @@ extension RunExecutor {
             if let output = try await timeOut(step: step, token: token, unhop: unhop) { return output }
             return StepOutput(json: nil, ending: .timedOut)
         }
-        if !unhop.result.unhopped {
-            // Ended by returning: the unhop goes with the run's next record, unless the step
-            // is unhopping itself right now (then its own unhop and this one race, as before).
-            if unhop.hold() {
-                holdUnhop(step: step, token: token)
-            } else {
-                try await unhop.unhop(output: nil)
-            }
-        }
+        // Ended by returning: unhopped, unless it unhopped itself; either way the unhop goes
+        // with the run's next record.
+        unhop.returned()
         environment.metrics.stepDuration(step, ContinuousClock.now - started)
-        return StepOutput(json: unhop.result.output)
+        // Stopped while the step ran (its unhop, written early, found it ended from outside;
+        // the run was finished or taken over elsewhere): the body gets no output to go on with.
+        try throwIfStopped()
+        return StepOutput(json: unhop.output)
     }
 
     /// The step's body threw: returns its output when its unhop stands, `nil` to try again after
@@ -101,6 +102,7 @@ extension RunExecutor {
         _ error: any Error, step: String, token: String, retry: RetryPolicy, attempt: Int, unhop: StepUnhop,
         span: any Span
     ) async throws -> StepOutput? {
+        let unhopped = unhop.end()  // from here on, an unhop of this attempt is refused
         if Task.isCancelled { throw error }
         // The database failed (I/O, full disk, busy) while the step unhopped or read it:
         // that is no fault of the step's, so it is not retried or failed; the run stops
@@ -108,14 +110,15 @@ extension RunExecutor {
         if let failure = error as? HopError, failure.isDatabaseFailure { throw failure }
         let current = try await storage.run(id: run.id)  // one read for both questions below
         try stopIfFinishedElsewhere(as: current)
-        if unhop.result.unhopped {
+        if unhopped {
+            try throwIfStopped()
             environment.logger.warning(
                 "step threw after it unhopped; the unhop stands",
                 metadata: ["hop.run": "\(run.id)", "hop.step": "\(step)", "hop.error": "\(error)"])
-            return StepOutput(json: unhop.result.output)
+            return StepOutput(json: unhop.output)
         }
-        // Ended from outside meanwhile (`engine.unhop` with its token; its own unhop was then
-        // refused): not a failure of the step's; the run goes on from its history.
+        // Ended from outside while it ran (`engine.unhop` with its token): not a failure of the
+        // step's; the run goes on from its history.
         try stopIfStepEndedElsewhere(step: step, token: token, as: current)
         let final = attempt >= retry.maxAttempts
         // Each failed attempt is on the step's span; the last one fails it (see `enter`).
@@ -169,14 +172,10 @@ extension RunExecutor {
 
     /// Records that `step` timed out; if it unhopped in the meantime, returns its output instead.
     private func timeOut(step: String, token: String, unhop: StepUnhop) async throws -> StepOutput? {
-        if unhop.result.unhopped { return StepOutput(json: unhop.result.output) }
-        do {
-            try await record(.timeout, step) { storage, runID, owner in
-                try await storage.recordTimeout(runID: runID, token: token, owner: owner)
-            }
-            return nil
-        } catch let error as HopError where error.code == .refused && unhop.result.unhopped {
-            return StepOutput(json: unhop.result.output)
+        if unhop.end() { return StepOutput(json: unhop.output) }  // a later unhop is refused
+        try await record(.timeout, step) { storage, runID, owner in
+            try await storage.recordTimeout(runID: runID, token: token, owner: owner)
         }
+        return nil
     }
 }

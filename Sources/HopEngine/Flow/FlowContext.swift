@@ -30,10 +30,11 @@ public final class FlowContext: Sendable {
     ///
     /// The hop is committed before the step runs; a step already unhopped in the history is
     /// not run again. A step that was in flight when the run was interrupted runs again.
-    /// When the step returns without unhopping, this returns at once; its unhop is written with
-    /// the run's next record (its next hop, decision, effect, timer or completion), in the same
-    /// write, or on its own a few milliseconds later, and is durable as a coalesced record then:
-    /// call ``makeDurable()`` before telling the outside world that the step ended.
+    /// This returns when the step's body returns; its unhop (its own ``StepContext/unhop()``, or
+    /// its return without one) is written with the run's next record (its next hop, decision,
+    /// effect, timer or completion), in the same write, or on its own a few milliseconds later,
+    /// and is durable as a coalesced record then: call ``makeDurable()`` before telling the
+    /// outside world that the step ended.
     /// An external step parks the run: the body stops here and continues, from the top with
     /// replay, once the step is unhopped.
     ///

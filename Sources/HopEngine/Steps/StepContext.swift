@@ -26,22 +26,32 @@ public struct StepContext: Sendable {
 
     /// Reports that the step finished, with no output.
     ///
-    /// The unhop is seen by the engine at once and durable with the run's next hop, or a few
-    /// milliseconds later: a crash before that runs the step again (at least once). Call
-    /// ``makeDurable()`` after it before the step does something that must not be repeated.
+    /// The engine takes the unhop at once, in memory, and writes it with the run's next record
+    /// (its next hop, decision, effect, timer or completion) in one write, or alone a few
+    /// milliseconds later if the step goes on running; it is durable with the run's next hop or
+    /// a few milliseconds after that. A crash before then runs the step again (at least once).
+    /// Call ``makeDurable()`` after it before the step does something that must not be repeated.
+    ///
+    /// A step unhops at most once: a second unhop, or one after the step returned, timed out or
+    /// failed, throws ``HopError/Code/refused``. A step ended from outside meanwhile
+    /// (`engine.unhop` with its token) or a run cancelled meanwhile refuses the unhop when it
+    /// is written: the run goes on from its history, and ``makeDurable()`` throws the refusal.
     public func unhop() async throws {
-        try await unhop.unhop(output: nil)
+        try unhop.unhop(output: nil)
     }
 
     /// Reports that the step finished, with `output` (stored as JSON in the history and
-    /// returned by the flow's ``FlowContext/hop(to:timeout:transition:)``).
+    /// returned by the flow's ``FlowContext/hop(to:timeout:transition:)``). Written and durable
+    /// as ``unhop()`` is.
     public func unhop(output: some Encodable & Sendable) async throws {
-        try await unhop.unhop(output: try JSONCoding.encode(output))
+        try unhop.unhop(output: try JSONCoding.encode(output))
     }
 
-    /// Makes the run's records so far — this step's unhop among them — durable now.
+    /// Makes the run's records so far — this step's unhop among them — durable now. Throws
+    /// ``HopError/Code/refused`` when this step's unhop was refused as it was written (the step
+    /// was ended from outside, or its run cancelled, before).
     public func makeDurable() async throws {
-        try await storage.makeDurable()
+        try await unhop.makeDurable()
     }
 
     // MARK: The subject's stored state
@@ -73,20 +83,28 @@ public struct StepContext: Sendable {
     }
 }
 
-/// Records the unhop of one in-process hop, through the run's executor, and remembers that it happened.
+/// The end of one attempt at an in-process step: the step's own unhop, or its return, taken in
+/// memory and handed to the run's executor, which writes it with the run's next record
+/// (`HeldUnhops.swift`); or its timeout or failure, after which an unhop is refused.
 final class StepUnhop: Sendable {
-    private struct State {
-        var unhopped = false
-        var output: String?
-        /// The step is unhopping itself (its unhop is being written).
-        var writing = false
-        /// The step returned without unhopping: its executor holds the unhop.
-        var held = false
+    private enum Phase {
+        case running
+        /// Unhopped by the step, or by returning: held by the executor, or written.
+        case unhopped
+        /// Timed out or failed: the executor records that instead.
+        case ended
     }
 
+    private struct State {
+        var phase = Phase.running
+        var output: String?
+        /// Why the unhop's write failed (a refusal when the step was ended from outside).
+        var writeError: (any Error)?
+    }
+
+    let step: String
+    let token: String
     private let executor: RunExecutor
-    private let step: String
-    private let token: String
     private let state = Mutex(State())
 
     init(executor: RunExecutor, step: String, token: String) {
@@ -95,38 +113,63 @@ final class StepUnhop: Sendable {
         self.token = token
     }
 
-    func unhop(output: String?) async throws {
-        let ended = state.withLock { state in
-            if state.held { return true }
-            state.writing = true
-            return false
+    /// The step's own unhop: taken at once, written by the executor with the run's next record.
+    func unhop(output: String?) throws {
+        let phase = state.withLock { state in
+            let phase = state.phase
+            if phase == .running {
+                state.phase = .unhopped
+                state.output = output
+            }
+            return phase
         }
-        if ended {
-            // The unhop is not written yet, so the store would take this one: refused here.
+        switch phase {
+        case .running:
+            executor.holdUnhop(self)
+        case .unhopped:
             throw HopError(
                 .refused,
-                "step '\(step)' of run \(executor.run.id) already ended: it returned, and its unhop is recorded with the run's next record; a step unhops at most once, before it returns"
+                "step '\(step)' of run \(executor.run.id) already ended: it unhopped or returned, and its unhop is recorded with the run's next record; a step unhops at most once, before it returns"
+            )
+        case .ended:
+            throw HopError(
+                .refused,
+                "step '\(step)' of run \(executor.run.id) already ended: it timed out or failed, and the run records that instead; a step unhops at most once, before it returns"
             )
         }
-        defer { state.withLock { $0.writing = false } }
-        try await executor.record(.unhop(token: token, output: output), step: step, durability: .coalesced)
-        executor.environment.metrics.unhops.increment()
-        state.withLock {
-            $0.unhopped = true
-            $0.output = output
-        }
     }
 
-    /// Marks the step ended without output, for its executor to hold the unhop; `false` when
-    /// the step unhopped, or is unhopping, itself.
-    func hold() -> Bool {
-        state.withLock { state in
-            guard !state.unhopped, !state.writing else { return false }
-            state.unhopped = true
-            state.held = true
+    /// The step's body returned: unhopped without output, unless it unhopped itself.
+    func returned() {
+        let unhops = state.withLock { state in
+            guard state.phase == .running else { return false }
+            state.phase = .unhopped
             return true
         }
+        if unhops { executor.holdUnhop(self) }
     }
 
-    var result: (unhopped: Bool, output: String?) { state.withLock { ($0.unhopped, $0.output) } }
+    /// The step timed out or threw: a later unhop is refused. Returns whether it had unhopped
+    /// first (then its unhop stands).
+    func end() -> Bool {
+        state.withLock { state in
+            if state.phase == .running { state.phase = .ended }
+            return state.phase == .unhopped
+        }
+    }
+
+    /// The output the step unhopped with.
+    var output: String? { state.withLock { $0.output } }
+
+    /// Notes that the executor could not write the unhop (`error`).
+    func writeFailed(_ error: any Error) {
+        state.withLock { $0.writeError = error }
+    }
+
+    /// Writes the unhop if the executor still holds it, then commits.
+    func makeDurable() async throws {
+        try await executor.writeHeldUnhop()
+        if let error = state.withLock({ $0.writeError }) { throw error }
+        try await executor.storage.makeDurable()
+    }
 }
