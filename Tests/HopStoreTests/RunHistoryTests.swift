@@ -128,10 +128,11 @@ import Testing
     }
 
     /// `hopctl status`'s statements (`LatestRuns`): a running or parked listing reads an index of
-    /// unfinished runs, never every run; a subject without a flow is searched flow by flow; and
-    /// no statement groups runs in a temporary B-tree, so that a listing without a status reads
-    /// the index by flow and subject in order and its limit stops it (0.2 s at 1,000,000 runs
-    /// otherwise, whatever the limit).
+    /// unfinished runs, never every run; a subject without a flow is searched flow by flow; a
+    /// listing without a status or subject finds its pairs of flow and subject one search after
+    /// another, reading none of their older runs (grouping the runs read every run of the pairs
+    /// listed: 0.13 s at 1,000,000 runs of 1,000 subjects); and no statement groups runs in a
+    /// temporary B-tree (0.2 s at 1,000,000 runs, whatever the limit).
     @Test func statusListingsSearchTheirIndexes() async throws {
         let folder = try TemporaryDirectory()
         let store = try await HopStore.open(path: folder.database)
@@ -147,7 +148,21 @@ import Testing
                         "\(what), \(status): \(plan)")
                     #expect(!plan.contains { $0.hasPrefix("SCAN") }, "\(what), \(status): \(plan)")
                 }
-                for status in [nil, RunStatus.completed] {
+                if !subject {
+                    // No filter but the flow: the pairs of flow and subject one search after
+                    // another (the next subject of the flow, or the next flow's first), and the
+                    // newest run of each listed pair, never every run of them.
+                    let plan = try await store.explain(HopStore.latestRunsSQL(flow: flow, subject: false, status: nil))
+                    for search in [
+                        "SEARCH n USING COVERING INDEX runs_by_flow_subject (flow=? AND subject>?)",
+                        "SEARCH m USING COVERING INDEX runs_by_flow_subject (flow=? AND subject=?)",
+                    ] + (flow ? [] : ["SEARCH n USING COVERING INDEX runs_by_flow_subject (flow>?)"]) {
+                        #expect(plan.contains { $0.contains(search) }, "\(what): \(plan)")
+                    }
+                    #expect(!plan.contains { $0.contains("GROUP BY") }, "\(what): \(plan)")
+                    #expect(!plan.contains { $0.hasPrefix("SCAN runs") && !$0.contains("COVERING INDEX") }, "\(plan)")
+                }
+                for status in subject ? [nil, RunStatus.completed] : [RunStatus.completed] {
                     let plan = try await store.explain(
                         HopStore.latestRunsSQL(flow: flow, subject: subject, status: status))
                     let newest =

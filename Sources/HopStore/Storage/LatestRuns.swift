@@ -14,8 +14,8 @@ package enum LatestRuns {
     /// - Otherwise, a finished status: the newest run of each flow and subject, then those with
     ///   the status (no index holds finished runs by status: this one reads every run of the flow,
     ///   or every run).
-    /// - Otherwise: the newest run of the first `limit` flows and subjects, in the order of the
-    ///   index by flow, subject and id, which stops there.
+    /// - Otherwise: the first `limit` flows and subjects, found one after another in the index by
+    ///   flow, subject and id (``pairsSQL(flow:)``), and the newest run of each.
     package static func sql(flow: Bool, subject: Bool, status: RunStatus?, marker: String) -> String {
         // Placeholders in the order of `arguments`: the limit, the flow, the subject, a status.
         let limit = marker + "1"
@@ -49,15 +49,37 @@ package enum LatestRuns {
                     + ") FROM flows WHERE flows.flow IS NOT NULL"
             }
             filter = "id IN (" + newest + ")" + (status == nil ? "" : " AND status = " + statusValue) + order
+        } else if status == nil {
+            return pairsSQL(flow: flowValue) + " SELECT \(RunRecord.columns) FROM runs WHERE id IN ("
+                + "SELECT (SELECT max(m.id) FROM runs m WHERE m.flow = listed.flow AND m.subject = listed.subject)"
+                + " FROM (SELECT flow, subject FROM pairs LIMIT " + limit + ") listed) ORDER BY flow, subject"
         } else {
             let newest =
                 "SELECT max(id) FROM runs" + (flowValue.map { " WHERE flow = " + $0 } ?? "") + " GROUP BY flow, subject"
-            filter =
-                status == nil
-                ? "id IN (" + newest + order + ") ORDER BY flow, subject"
-                : "id IN (" + newest + ") AND status = " + statusValue + order
+            filter = "id IN (" + newest + ") AND status = " + statusValue + order
         }
         return "\(flowsTable) SELECT \(RunRecord.columns) FROM runs WHERE \(filter)"
+    }
+
+    /// A common table `pairs` of the flows and subjects that have runs (of the flow given as
+    /// `flow`, a placeholder), in order, found by searches of the index by flow, subject and id:
+    /// the first pair, then the next subject of the same flow, or the first of the next flow, until
+    /// there is none. Read only as far as the statement needs: a listing of 1,000 pairs searches
+    /// about 3,000 times whatever the number of runs each has (grouping every run by flow and
+    /// subject read them all: 0.13 s at 1,000,000 runs of 1,000 subjects).
+    static func pairsSQL(flow: String?) -> String {
+        let next =
+            "(SELECT n.id FROM runs n WHERE n.flow = p.flow AND n.subject > p.subject ORDER BY n.subject LIMIT 1)"
+        let nextFlow = "(SELECT n.id FROM runs n WHERE n.flow > p.flow ORDER BY n.flow, n.subject LIMIT 1)"
+        return """
+            WITH RECURSIVE pairs(flow, subject) AS (
+                SELECT flow, subject FROM (
+                    SELECT flow, subject FROM runs\(flow.map { " WHERE flow = " + $0 } ?? "") ORDER BY flow, subject LIMIT 1
+                ) seed
+                UNION ALL
+                SELECT r.flow, r.subject FROM pairs p JOIN runs r ON r.id = \(flow == nil ? "coalesce(\(next), \(nextFlow))" : next)
+            )
+            """
     }
 
     /// The values of ``sql(flow:subject:status:marker:)``'s parameters: the limit, then the flow,
