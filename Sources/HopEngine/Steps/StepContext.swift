@@ -33,7 +33,7 @@ public struct StepContext: Sendable {
     /// Call ``makeDurable()`` after it before the step does something that must not be repeated.
     ///
     /// A step unhops at most once: a second unhop, or one after the step returned, timed out or
-    /// failed, throws ``HopError/Code/refused``. A step ended from outside meanwhile
+    /// failed, throws `HopError.Code.refused`. A step ended from outside meanwhile
     /// (`engine.unhop` with its token) or a run cancelled meanwhile refuses the unhop when it
     /// is written: the run goes on from its history, and ``makeDurable()`` throws the refusal.
     public func unhop() async throws {
@@ -48,7 +48,7 @@ public struct StepContext: Sendable {
     }
 
     /// Makes the run's records so far — this step's unhop among them — durable now. Throws
-    /// ``HopError/Code/refused`` when this step's unhop was refused as it was written (the step
+    /// `HopError.Code.refused` when this step's unhop was refused as it was written (the step
     /// was ended from outside, or its run cancelled, before).
     public func makeDurable() async throws {
         try await unhop.makeDurable()
