@@ -488,6 +488,39 @@ import Testing
         #expect(try await engine.storage.history(runID: started.id).map(\.kind) == [.hop, .cancel])
     }
 
+    /// A step that unhops after another process cancelled its run (`hopctl cancel`) and then
+    /// makes its records durable learns that its unhop was refused, as a `HopError` (not the
+    /// engine's own signal to stop); the run stays cancelled, its step's end not written.
+    @Test func aStepWhoseRunWasCancelledLearnsItsUnhopWasRefusedFromMakeDurable() async throws {
+        let folder = try TemporaryDirectory()
+        var configuration = HopEngine.Configuration()
+        configuration.heldUnhopLimit = .seconds(600)  // written by makeDurable, not the sweep
+        let running = Gate()
+        let proceed = Gate()
+        let refusal = Mutex<String?>(nil)
+        let engine = try await Self.pairEngine(
+            folder, configuration: configuration,
+            first: { context in
+                running.open()
+                await proceed.wait()
+                try await context.unhop(output: "own")
+                do {
+                    try await context.makeDurable()
+                } catch let error as HopError where error.code == .refused {
+                    refusal.withLock { $0 = error.description }
+                    throw error
+                }
+            })
+        let started = try await engine.start("pair")
+        await running.wait()
+        try await Self.cancelWithHopctl(folder)
+        proceed.open()
+        #expect(try await engine.settled(runID: started.id)?.status == .cancelled)
+        let message = try #require(refusal.withLock { $0 }, "makeDurable did not throw a refusal")
+        #expect(message.contains("finished") && message.contains("'first'"), "\(message)")
+        #expect(try await engine.storage.history(runID: started.id).map(\.kind) == [.hop, .cancel])
+    }
+
     /// A step that unhops after it returned (from a task it left behind) is refused, whether
     /// its end is still held or already written, and the step ends once.
     @Test func aStepThatUnhopsAfterItReturnedIsRefusedAndEndsOnce() async throws {

@@ -140,6 +140,14 @@ extension RunExecutor {
                     } catch let error as HopError where error.code == .refused {
                         unhop.writeFailed(error)
                         try? await self.stopIfStepEndedElsewhere(step: unhop.step, token: unhop.token)
+                    } catch Suspension.finished {
+                        // Refused because the run was finished or taken over elsewhere: this
+                        // execution stopped. A step's makeDurable() says so in the step's terms.
+                        unhop.writeFailed(
+                            HopError(
+                                .refused,
+                                "the unhop of step '\(unhop.step)' of run \(self.run.id) was refused: the run was finished (cancelled, restarted) or taken over elsewhere before the unhop was written"
+                            ))
                     } catch {
                         // Lost with the transaction, or the run was finished elsewhere: the
                         // run's next record, refused, says so.
