@@ -33,9 +33,10 @@ public struct StepContext: Sendable {
     /// Call ``makeDurable()`` after it before the step does something that must not be repeated.
     ///
     /// A step unhops at most once: a second unhop, or one after the step returned, timed out or
-    /// failed, throws `HopError.Code.refused`. A step ended from outside meanwhile
-    /// (`engine.unhop` with its token) or a run cancelled meanwhile refuses the unhop when it
-    /// is written: the run goes on from its history, and ``makeDurable()`` throws the refusal.
+    /// failed, throws `HopError.Code.refused`. If the step was ended from outside meanwhile
+    /// (`engine.unhop` with its token), or its run cancelled, the unhop is refused when it is
+    /// written: the run goes on from its history (or stays cancelled), and ``makeDurable()``
+    /// throws the refusal.
     public func unhop() async throws {
         try unhop.unhop(output: nil)
     }
