@@ -48,6 +48,22 @@ import Testing
             "\(run.status.rawValue) step=\(run.currentStep ?? "-") token=\(run.currentToken != nil) owner=\(run.owner ?? "-") wake=\(run.wakeOn?.rawValue ?? "-") \(run.wakeAt != nil)"
     }
 
+    /// A task a step leaves behind that unhops the step once `gate` opens; its value is the
+    /// refusal's code (`nil` when the unhop was taken).
+    static func unhop(_ context: StepContext, after gate: Gate) -> Task<HopError.Code?, Never> {
+        Task {
+            await gate.wait()
+            do {
+                try await context.unhop()
+                return nil
+            } catch let error as HopError {
+                return error.code
+            } catch {
+                return .invalidInput
+            }
+        }
+    }
+
     /// An engine on a new database in `folder` that runs the flow "pair": a hop to "first"
     /// (whose body is `first`), then `between` with the body's context and first's output,
     /// then a hop to "second".
@@ -179,33 +195,6 @@ import Testing
         #expect(try await engine.settled(runID: run.id)?.status == .completed)
     }
 
-    /// `context.makeDurable()` right after a step's own unhop commits it at once, though the
-    /// step runs on and no record came since (the hold limit and the store's commit delay are
-    /// longer than the test).
-    @Test func stepMakeDurableCommitsTheStepsOwnUnhop() async throws {
-        let folder = try TemporaryDirectory()
-        var configuration = HopEngine.Configuration()
-        configuration.heldUnhopLimit = .seconds(600)
-        let gate = Gate()
-        let madeDurable = Gate()
-        let engine = try await Self.pairEngine(
-            folder, commitDelay: .seconds(600), configuration: configuration,
-            first: { context in
-                try await context.unhop(output: "own")
-                try await context.makeDurable()
-                madeDurable.open()
-                await gate.wait()
-            })
-        let run = try await engine.start("pair")
-        await madeDurable.wait()
-        let elsewhere = try await HopStore.open(path: folder.database, options: HopStore.Options(migrate: false))
-        let history = try await elsewhere.history(runID: run.id)
-        #expect(history.map(\.kind) == [.hop, .unhop])
-        #expect(history.last?.value == #""own""#)
-        gate.open()
-        #expect(try await engine.settled(runID: run.id)?.status == .completed)
-    }
-
     /// A step unhops once: a second unhop is refused at once and changes nothing, the first
     /// one's output stands.
     @Test func aStepsSecondUnhopIsRefusedAndTheFirstStands() async throws {
@@ -249,19 +238,7 @@ import Testing
                 try await flow.hop(to: "second")
             })
         engine.register(step: "first") { context in
-            late.withLock {
-                $0 = Task {
-                    await timedOut.wait()
-                    do {
-                        try await context.unhop()
-                        return nil
-                    } catch let error as HopError {
-                        return error.code
-                    } catch {
-                        return .invalidInput
-                    }
-                }
-            }
+            late.withLock { $0 = Self.unhop(context, after: timedOut) }
             try await Task.sleep(for: .seconds(600))  // cancelled at the deadline
         }
         engine.register(step: "second") { _ in }
@@ -292,15 +269,28 @@ import Testing
             try await elsewhere.history(runID: run.id).map(\.kind) == [.hop, .unhop, .hop, .unhop, .complete])
     }
 
-    /// `flow.makeDurable()` right after a step commits the step's end too, though no record
-    /// came since (the store's own commit delay is longer than the test).
-    @Test func flowMakeDurableCommitsTheEndOfTheStepThatReturned() async throws {
+    /// `makeDurable()` right after a step's end commits it at once, though no record came since
+    /// (the hold limit and the store's commit delay are longer than the test): in the step,
+    /// after its own unhop, as the step runs on (`inStep`); or in the body, after the step
+    /// returned.
+    @Test(arguments: [false, true])
+    func makeDurableCommitsTheStepsEnd(inStep: Bool) async throws {
         let folder = try TemporaryDirectory()
+        var configuration = HopEngine.Configuration()
+        configuration.heldUnhopLimit = .seconds(600)
         let gate = Gate()
         let madeDurable = Gate()
         let engine = try await Self.pairEngine(
-            folder, commitDelay: .seconds(600),
+            folder, commitDelay: .seconds(600), configuration: configuration,
+            first: { context in
+                guard inStep else { return }
+                try await context.unhop(output: "own")
+                try await context.makeDurable()
+                madeDurable.open()
+                await gate.wait()
+            },
             between: { flow, _ in
+                guard !inStep else { return }
                 try await flow.makeDurable()
                 madeDurable.open()
                 await gate.wait()
@@ -308,7 +298,9 @@ import Testing
         let run = try await engine.start("pair")
         await madeDurable.wait()
         let elsewhere = try await HopStore.open(path: folder.database, options: HopStore.Options(migrate: false))
-        #expect(try await elsewhere.history(runID: run.id).map(\.kind) == [.hop, .unhop])
+        let history = try await elsewhere.history(runID: run.id)
+        #expect(history.map(\.kind) == [.hop, .unhop])
+        #expect(history.last?.value == (inStep ? #""own""# : nil))
         gate.open()
         #expect(try await engine.settled(runID: run.id)?.status == .completed)
     }
@@ -531,19 +523,7 @@ import Testing
         let engine = try await Self.pairEngine(
             folder,
             first: { context in
-                late.withLock {
-                    $0 = Task {
-                        await returned.wait()
-                        do {
-                            try await context.unhop()
-                            return nil
-                        } catch let error as HopError {
-                            return error.code
-                        } catch {
-                            return .invalidInput
-                        }
-                    }
-                }
+                late.withLock { $0 = Self.unhop(context, after: returned) }
             }
         ) { _, _ in
             returned.open()
