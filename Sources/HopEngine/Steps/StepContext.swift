@@ -167,10 +167,10 @@ final class StepUnhop: Sendable {
         state.withLock { $0.writeError = error }
     }
 
-    /// Writes the unhop if the executor still holds it, then commits.
+    /// Writes the unhop if the executor still holds it and commits (the executor's
+    /// `RunExecutor.makeDurable()`), then throws why the unhop could not be written, if it could not.
     func makeDurable() async throws {
-        try await executor.writeHeldUnhop()
+        try await executor.makeDurable()
         if let error = state.withLock({ $0.writeError }) { throw error }
-        try await executor.storage.makeDurable()
     }
 }
