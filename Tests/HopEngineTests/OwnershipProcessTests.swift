@@ -103,6 +103,88 @@ import Testing
         }
         // The thawed owner wrote nothing: the history is as B left it, and B still leads the run.
         #expect(try await store.history(runID: 1) == history)
+        try await Self.finishOnboardingAndLogin(of: store, in: folder, owner: owner, other: other)
+        #expect(other.stdout.contains("settled completed"))
+
+        let final = try await store.history(runID: 1)
+        #expect(final.filter { $0.kind == .hop }.map { $0.step ?? "" } == ["splash", "onboarding", "login", "main"])
+        // Once the owner is thawed, either engine may execute the run after an unhop: a clean change of hands.
+        #expect(final.filter { $0.kind == .takeover }.first == takeover)
+        #expect(!final.contains { [.error, .fail, .diverge].contains($0.kind) })
+        #expect(final.filter { $0.kind == .effect }.count == 1)
+    }
+
+    /// A step's unhop is held in memory until the run's next record (or a few milliseconds),
+    /// so an owner can be frozen after its step unhopped and before the unhop is durable. The
+    /// run goes to the engine that takes it over, which enters the step again (at least once),
+    /// with the same token. The thawed owner's step then returns, and the owner writes its held
+    /// unhop with the next hop while the new owner's step is still running: the write is
+    /// refused (the run is held by another engine), and the step's end is recorded once.
+    @Test func aFrozenOwnersHeldUnhopIsNeverWrittenOnceItsRunChangedHands() async throws {
+        let folder = try TemporaryDirectory()
+        let arguments = ["--db", folder.database, "--external", "--engine-id", "twin", "--lease", "3"]
+        // A's splash unhops, then runs on until A's input closes; the unhop stays held meanwhile.
+        let owner = try ChildProcess(
+            "hop-test-daemon", arguments, environment: ["HOP_TEST_SPLASH_RUNS_ON": "1"], keepInputOpen: true,
+            directory: folder)
+        defer {
+            owner.kill(SIGCONT)
+            owner.kill()
+        }
+        let bodies = folder.database + ".bodies"
+        func bodyLines() -> [String] {
+            ((try? String(contentsOfFile: bodies, encoding: .utf8)) ?? "").split(separator: "\n").map(String.init)
+        }
+        try await waitUntil("A's splash unhopped and runs on", timeout: .seconds(30)) {
+            bodyLines().contains("1 splash-unhopped")
+        }
+        // B's splash waits until B's input closes.
+        let other = try ChildProcess(
+            "hop-test-daemon", arguments, environment: ["HOP_TEST_SPLASH_WAITS": "1"], keepInputOpen: true,
+            directory: folder)
+        defer { other.kill() }
+        try await other.waitForOutput("ready")
+        try await freeze(owner, betweenCommitsOn: folder.database)
+        let store = try await HopStore.open(path: folder.database)
+        // Frozen with its unhop held: nothing of the step's end is in the database.
+        #expect(try await store.history(runID: 1).map(\.kind) == [.hop])
+        try await waitUntil("B took the run over and entered splash again", timeout: .seconds(15)) {
+            bodyLines().filter { $0 == "1 splash" }.count == 2
+        }
+        let history = try await store.history(runID: 1)
+        #expect(history.map(\.kind) == [.hop, .takeover], "\(history)")
+
+        // Thawed, A finds its input closed: its step returns at once, and A writes the held unhop
+        // with the run's next record (its first-use decision), unless its watch learns first that
+        // the run changed hands (then the step is cancelled). Either way, nothing of A's is
+        // written.
+        owner.closeInput()
+        owner.kill(SIGCONT)
+        try await waitUntil("the thawed owner's step ends", timeout: .seconds(10)) {
+            let lines = bodyLines()
+            return lines.contains("1 splash-ran-on")
+                || (lines.contains("1 splash-returned")
+                    && owner.stdout.contains("point before:decision:isFirstUse(onboarding)"))
+        }
+        #expect(try await store.history(runID: 1) == history, "\(owner.stdout)")
+
+        other.closeInput()
+        try await other.waitForOutput("parked onboarding", timeout: .seconds(15))
+        try await Self.finishOnboardingAndLogin(of: store, in: folder, owner: owner, other: other)
+        let final = try await store.history(runID: 1)
+        let unhops = final.filter { $0.kind == .unhop }
+        #expect(unhops.map(\.step) == ["splash", "onboarding", "login", "main"], "\(final)")
+        #expect(unhops.first?.value?.contains("warm") == true, "B's unhop of splash, not A's: \(final)")
+        #expect(final.first { $0.kind == .takeover } == history.last, "\(final)")
+        #expect(!final.contains { [.error, .fail, .diverge].contains($0.kind) }, "\(final)")
+    }
+
+    /// Finishes run 1, parked at onboarding, from outside (`hopctl unhop`, then `hopctl session
+    /// login`), and waits for both daemons to exit with it. Parked, the run is held by no engine:
+    /// either daemon may carry it on after each unhop.
+    private static func finishOnboardingAndLogin(
+        of store: HopStore, in folder: TemporaryDirectory, owner: ChildProcess, other: ChildProcess
+    ) async throws {
         #expect(
             try await run(
                 "hopctl", ["unhop", "--flow", "startup", "--step", "onboarding", "--db", folder.database], in: folder
@@ -114,15 +196,7 @@ import Testing
         #expect(
             try await run("hopctl", ["session", "login", "alice", "--db", folder.database], in: folder).status == 0)
         #expect(try await other.waitForExit(timeout: .seconds(15)) == 0)
-        #expect(other.stdout.contains("settled completed"))
         #expect(try await owner.waitForExit(timeout: .seconds(15)) == 0, "the thawed owner follows the run to its end")
-
-        let final = try await store.history(runID: 1)
-        #expect(final.filter { $0.kind == .hop }.map { $0.step ?? "" } == ["splash", "onboarding", "login", "main"])
-        // Once the owner is thawed, either engine may execute the run after an unhop: a clean change of hands.
-        #expect(final.filter { $0.kind == .takeover }.first == takeover)
-        #expect(!final.contains { [.error, .fail, .diverge].contains($0.kind) })
-        #expect(final.filter { $0.kind == .effect }.count == 1)
     }
 
     @Test func twinDaemonsWithTheSameLabelNeverExecuteARunTwice() async throws {

@@ -3,6 +3,7 @@ import HopEngine
 import HopPostgres
 import HopStore
 import Logging
+import Synchronization
 
 // Test helper: a daemon process running the startup flow on a real database, for the tests
 // that kill, restart and steer it from outside.
@@ -42,6 +43,12 @@ import Logging
 //   HOP_TEST_KILL_AT=<point>   SIGKILL this process at the point, e.g. "before:hop:splash", "after:unhop:login"
 //   HOP_TEST_FAILS=<n>         splash throws on its first n attempts (it is tried up to 3 times)
 //   HOP_TEST_SLOW_SPLASH=1     splash runs until its task is cancelled (then it notes "<run> splash-cancelled")
+//   HOP_TEST_SPLASH_RUNS_ON=1  splash unhops (output {"cache":"held"}; it notes "<run> splash-unhopped"), then
+//                              runs on until standard input closes (it notes "<run> splash-returned" and
+//                              returns) or its task is cancelled (it notes "<run> splash-ran-on"); the engine
+//                              holds a step's unhop for up to 600 s instead of milliseconds, so that the unhop
+//                              is still held whenever the test freezes the process
+//   HOP_TEST_SPLASH_WAITS=1    splash waits until standard input closes, then goes on as usual
 //   HOP_TEST_PAUSE_BEFORE_END=1  after main the flow body sleeps 600 s before it returns, recording nothing
 // Prints "point <point>" for every point, "parked <step>" and "settled <status>".
 // Each step body appends "<run id> <step>\n" to PATH.bodies, so tests can count how often bodies ran.
@@ -144,6 +151,10 @@ let environment = ProcessInfo.processInfo.environment
 let killAt = environment["HOP_TEST_KILL_AT"]
 let failures = Int(environment["HOP_TEST_FAILS"] ?? "") ?? 0
 let slowSplash = environment["HOP_TEST_SLOW_SPLASH"] == "1"
+let splashRunsOn = environment["HOP_TEST_SPLASH_RUNS_ON"] == "1"
+let splashWaits = environment["HOP_TEST_SPLASH_WAITS"] == "1"
+let inputEnd = InputEnd()
+if splashRunsOn || splashWaits { inputEnd.watch() }
 let pauseBeforeEnd = environment["HOP_TEST_PAUSE_BEFORE_END"] == "1"
 // A database on a server has no folder: --files names the prefix of the test's files then.
 let files = options.files ?? path
@@ -178,15 +189,15 @@ logger.logLevel = .error
 do {
     let database = try await HopDatabase.open(path)
     let store = database.storage
-    let engine = HopEngine(
-        database: database, logger: logger,
-        configuration: .init(
-            pollInterval: .milliseconds(20), leaseDuration: .milliseconds(Int64(options.lease * 1000)),
-            observer: observer,
-            engineID: options.engineID,
-            retention: options.retention.map {
-                HopEngine.Retention(finishedAfter: .milliseconds(Int64($0 * 1000)), interval: .milliseconds(100))
-            }))
+    var configuration = HopEngine.Configuration(
+        pollInterval: .milliseconds(20), leaseDuration: .milliseconds(Int64(options.lease * 1000)),
+        observer: observer,
+        engineID: options.engineID,
+        retention: options.retention.map {
+            HopEngine.Retention(finishedAfter: .milliseconds(Int64($0 * 1000)), interval: .milliseconds(100))
+        })
+    if splashRunsOn { configuration.heldUnhopLimit = .seconds(600) }
+    let engine = HopEngine(database: database, logger: logger, configuration: configuration)
     for version in options.versions.isEmpty ? [version] : options.versions {
         engine.register(startupFlow(version: version))
     }
@@ -201,6 +212,19 @@ do {
                 throw error
             }
         }
+        if splashRunsOn {
+            try await step.unhop(output: ["cache": "held"])
+            noteBody(step, "splash-unhopped")
+            do {
+                try await inputEnd.wait()
+            } catch {
+                noteBody(step, "splash-ran-on")
+                throw error
+            }
+            noteBody(step, "splash-returned")
+            return
+        }
+        if splashWaits { try await inputEnd.wait() }
         if await attempts.next() <= failures { throw SplashError(attempt: step.attempt) }
         try await fleetWork()
         try await step.unhop(output: ["cache": "warm"])
@@ -320,6 +344,50 @@ actor AttemptCounter {
     func next() -> Int {
         count += 1
         return count
+    }
+}
+
+/// The end of standard input, for steps that wait for it: read on a thread of its own, which
+/// resumes the waiting step the moment the input closes (no polling: a step of a process thawed
+/// after its input closed goes on at once).
+final class InputEnd: Sendable {
+    private let state = Mutex<(closed: Bool, waiter: CheckedContinuation<Void, any Error>?)>((false, nil))
+
+    func watch() {
+        Thread.detachNewThread {
+            _ = FileHandle.standardInput.readDataToEndOfFile()
+            let waiter = self.state.withLock { state in
+                state.closed = true
+                defer { state.waiter = nil }
+                return state.waiter
+            }
+            waiter?.resume()
+        }
+    }
+
+    /// Returns once standard input has closed; throws `CancellationError` when cancelled first.
+    func wait() async throws {
+        try await withTaskCancellationHandler {
+            try await withCheckedThrowingContinuation { (waiter: CheckedContinuation<Void, any Error>) in
+                let closed: Bool? = state.withLock { state in
+                    if state.closed { return true }
+                    if Task.isCancelled { return false }
+                    state.waiter = waiter
+                    return nil
+                }
+                switch closed {
+                case true?: waiter.resume()
+                case false?: waiter.resume(throwing: CancellationError())
+                case nil: break
+                }
+            }
+        } onCancel: {
+            let waiter = state.withLock { state in
+                defer { state.waiter = nil }
+                return state.waiter
+            }
+            waiter?.resume(throwing: CancellationError())
+        }
     }
 }
 
