@@ -66,12 +66,11 @@ import Testing
         #expect(try await second.waitForExit() == 0)
     }
 
-    @Test func aFrozenOwnerLosesItsRunOnlyWhenTheLeaseExpiresAndThenWritesNothing() async throws {
+    @Test(arguments: TestBackend.all)
+    func aFrozenOwnerLosesItsRunOnlyWhenTheLeaseExpiresAndThenWritesNothing(backend: TestBackend) async throws {
         let folder = try TemporaryDirectory()
         // A: splash takes forever. B: the same label, a normal splash.
-        // A lease of 3 s, renewed every second: a loaded machine (the whole suite runs at once on
-        // 2 cores) must not starve A past it before the test freezes A on purpose.
-        let arguments = ["--db", folder.database, "--external", "--engine-id", "twin", "--lease", "3"]
+        let arguments = try await Self.twinArguments(backend, folder)
         let owner = try ChildProcess(
             "hop-test-daemon", arguments, environment: ["HOP_TEST_SLOW_SPLASH": "1"], directory: folder)
         defer {
@@ -86,10 +85,11 @@ import Testing
             !other.stdout.contains("executing run 1"),
             "B executed a run A holds, though A is alive and holds it under the same label")
 
-        try await freeze(owner, betweenCommitsOn: folder.database)
-        let store = try await HopStore.open(path: folder.database)
+        try await Self.freeze(owner, outsideItsTransactionsOn: backend, folder)
+        let store = try await backend.open(folder)
         let held = try #require(try await store.run(id: 1))
-        let expiry = try #require(held.leaseExpiresAt)
+        let expiry = try #require(
+            held.leaseExpiresAt, "A held the run until the freeze: A: \(owner.stdout) B: \(other.stdout)")
         try await other.waitForOutput("parked onboarding", timeout: .seconds(15))
         let history = try await store.history(runID: 1)
         let takeover = try #require(history.first { $0.kind == .takeover })
@@ -103,7 +103,7 @@ import Testing
         }
         // The thawed owner wrote nothing: the history is as B left it, and B still leads the run.
         #expect(try await store.history(runID: 1) == history)
-        try await Self.finishOnboardingAndLogin(of: store, in: folder, owner: owner, other: other)
+        try await Self.finishOnboardingAndLogin(of: store, on: backend, folder, owner: owner, other: other)
         #expect(other.stdout.contains("settled completed"))
 
         let final = try await store.history(runID: 1)
@@ -120,9 +120,10 @@ import Testing
     /// with the same token. The thawed owner's step then returns, and the owner writes its held
     /// unhop with the next hop while the new owner's step is still running: the write is
     /// refused (the run is held by another engine), and the step's end is recorded once.
-    @Test func aFrozenOwnersHeldUnhopIsNeverWrittenOnceItsRunChangedHands() async throws {
+    @Test(arguments: TestBackend.all)
+    func aFrozenOwnersHeldUnhopIsNeverWrittenOnceItsRunChangedHands(backend: TestBackend) async throws {
         let folder = try TemporaryDirectory()
-        let arguments = ["--db", folder.database, "--external", "--engine-id", "twin", "--lease", "3"]
+        let arguments = try await Self.twinArguments(backend, folder)
         // A's splash unhops, then runs on until A's input closes; the unhop stays held meanwhile.
         let owner = try ChildProcess(
             "hop-test-daemon", arguments, environment: ["HOP_TEST_SPLASH_RUNS_ON": "1"], keepInputOpen: true,
@@ -144,8 +145,8 @@ import Testing
             directory: folder)
         defer { other.kill() }
         try await other.waitForOutput("ready")
-        try await freeze(owner, betweenCommitsOn: folder.database)
-        let store = try await HopStore.open(path: folder.database)
+        try await Self.freeze(owner, outsideItsTransactionsOn: backend, folder)
+        let store = try await backend.open(folder)
         // Frozen with its unhop held: nothing of the step's end is in the database.
         #expect(try await store.history(runID: 1).map(\.kind) == [.hop])
         try await waitUntil("B took the run over and entered splash again", timeout: .seconds(15)) {
@@ -170,7 +171,7 @@ import Testing
 
         other.closeInput()
         try await other.waitForOutput("parked onboarding", timeout: .seconds(15))
-        try await Self.finishOnboardingAndLogin(of: store, in: folder, owner: owner, other: other)
+        try await Self.finishOnboardingAndLogin(of: store, on: backend, folder, owner: owner, other: other)
         let final = try await store.history(runID: 1)
         let unhops = final.filter { $0.kind == .unhop }
         #expect(unhops.map(\.step) == ["splash", "onboarding", "login", "main"], "\(final)")
@@ -183,20 +184,59 @@ import Testing
     /// login`), and waits for both daemons to exit with it. Parked, the run is held by no engine:
     /// either daemon may carry it on after each unhop.
     private static func finishOnboardingAndLogin(
-        of store: HopStore, in folder: TemporaryDirectory, owner: ChildProcess, other: ChildProcess
+        of store: any HopAdministration, on backend: TestBackend, _ folder: TemporaryDirectory, owner: ChildProcess,
+        other: ChildProcess
     ) async throws {
+        let database = try await backend.location(folder)
         #expect(
             try await run(
-                "hopctl", ["unhop", "--flow", "startup", "--step", "onboarding", "--db", folder.database], in: folder
-            ).status == 0)
+                "hopctl", ["unhop", "--flow", "startup", "--step", "onboarding", "--db", database], in: folder
+            )
+            .status == 0)
         try await waitUntil("the run waits at login", timeout: .seconds(15)) {
             let run = try await store.run(id: 1)
             return run?.status == .parked && run?.currentStep == "login"
         }
-        #expect(
-            try await run("hopctl", ["session", "login", "alice", "--db", folder.database], in: folder).status == 0)
+        #expect(try await run("hopctl", ["session", "login", "alice", "--db", database], in: folder).status == 0)
         #expect(try await other.waitForExit(timeout: .seconds(15)) == 0)
         #expect(try await owner.waitForExit(timeout: .seconds(15)) == 0, "the thawed owner follows the run to its end")
+    }
+
+    /// The arguments of the twin daemons of the frozen-owner tests: the same label, external
+    /// steps, their step bodies noted in the test's folder whatever the backend. The lease is
+    /// short, so that the test waits little for it to expire, but renewed often enough that the
+    /// owner keeps it until the test freezes it, on a machine loaded by the whole suite: 3 s on
+    /// SQLite (renewed every second); 8 s on PostgreSQL, where a server shared by the suite's
+    /// tests once delayed an owner's renewals past 3 s (its run was taken over before the freeze).
+    private static func twinArguments(_ backend: TestBackend, _ folder: TemporaryDirectory) async throws -> [String] {
+        [
+            "--db", try await backend.location(folder), "--files", folder.database, "--external", "--engine-id", "twin",
+            "--lease", backend.name == TestBackend.postgres.name ? "8" : "3",
+        ]
+    }
+
+    /// Freezes `process` (SIGSTOP) at a moment it holds no lock another engine would wait for to
+    /// take run 1 over: SQLite's write lock on the file (``freeze(_:betweenCommitsOn:)``), or on
+    /// PostgreSQL the row of run 1, locked by a transaction of its (a lease renewal, a record).
+    /// (Any open transaction is too wide a test there: the other engine's polls keep one open
+    /// often enough that, on a loaded machine, the freezes tried meanwhile starved the owner
+    /// past its lease before one was kept.)
+    private static func freeze(
+        _ process: ChildProcess, outsideItsTransactionsOn backend: TestBackend, _ folder: TemporaryDirectory
+    ) async throws {
+        guard backend.name == TestBackend.postgres.name else {
+            return try await HopStoreTestSupport.freeze(process, betweenCommitsOn: folder.database)
+        }
+        try await waitUntil("the process is frozen without a lock on run 1", timeout: .seconds(30)) {
+            process.kill(SIGSTOP)
+            do {
+                try await TestDatabases.shared.psql("SELECT id FROM runs WHERE id = 1 FOR UPDATE NOWAIT", in: folder)
+                return true
+            } catch {
+                process.kill(SIGCONT)
+                return false
+            }
+        }
     }
 
     @Test func twinDaemonsWithTheSameLabelNeverExecuteARunTwice() async throws {
