@@ -43,6 +43,46 @@ import Testing
         #expect(history.filter { $0.kind == .timer }.count == 1)
     }
 
+    /// A daemon stopped with SIGTERM (its service group cancels `engine.run()`) while a step
+    /// that unhopped runs on, its unhop still held in memory: the engine writes the unhop and
+    /// commits it before `run()` returns, so the step does not run again when the daemon
+    /// starts again, and the run goes on from the step's end.
+    @Test(arguments: TestBackend.all)
+    func aStepsHeldUnhopIsDurableWhenTheDaemonStopsOnSIGTERM(backend: TestBackend) async throws {
+        let folder = try TemporaryDirectory()
+        let arguments = ["--db", try await backend.location(folder), "--files", folder.database, "--external"]
+        let bodies = folder.database + ".bodies"
+        func bodyLines() -> [String] {
+            ((try? String(contentsOfFile: bodies, encoding: .utf8)) ?? "").split(separator: "\n").map(String.init)
+        }
+        // Splash unhops and runs on (its input stays open); the unhop is held for up to 600 s.
+        let first = try ChildProcess(
+            "hop-test-daemon", arguments + ["--graceful"], environment: ["HOP_TEST_SPLASH_RUNS_ON": "1"],
+            keepInputOpen: true, directory: folder)
+        defer { first.kill() }
+        try await waitUntil("splash unhopped and runs on", timeout: .seconds(30)) {
+            bodyLines().contains("1 splash-unhopped")
+        }
+        let store = try await backend.open(folder)
+        #expect(try await store.history(runID: 1).map(\.kind) == [.hop], "the unhop is held, not written")
+
+        first.kill(SIGTERM)
+        #expect(try await first.waitForExit(timeout: .seconds(30)) == 0, "\(first.stdout)\(first.stderr)")
+        #expect(first.stdout.contains("stopped"), "\(first.stdout)")
+        #expect(bodyLines().contains("1 splash-ran-on"), "the step was cancelled: \(bodyLines())")
+        let stopped = try await store.history(runID: 1)
+        #expect(stopped.map(\.kind) == [.hop, .unhop] && stopped.last?.value?.contains("held") == true, "\(stopped)")
+        let released = try await store.run(id: 1)
+        #expect(released?.owner == nil, "released: \(String(describing: released)) \(first.stderr)")
+
+        let second = try ChildProcess("hop-test-daemon", arguments, directory: folder)
+        defer { second.kill() }
+        try await second.waitForOutput("parked onboarding", timeout: .seconds(30))
+        #expect(bodyLines().filter { $0 == "1 splash" }.count == 1, "splash ran again: \(bodyLines())")
+        let history = try await store.history(runID: 1)
+        #expect(Array(history.prefix(2)) == stopped && history.filter { $0.kind == .unhop }.count == 1, "\(history)")
+    }
+
     @Test func hopctlCancelCancelsTheTaskOfTheStepInFlightInTheDaemon() async throws {
         let folder = try TemporaryDirectory()
         let daemon = try ChildProcess(

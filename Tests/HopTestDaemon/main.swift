@@ -37,6 +37,8 @@ import Synchronization
 //   --fleet      one engine of a fleet: every step in process, each working 50-300 ms; runs
 //                whatever runs it can claim (started elsewhere) and serves until standard input
 //                closes. Each body line in PREFIX.bodies also names the process: "<run> <step> <pid>"
+//   --graceful   (with --external) SIGTERM stops the engine as a daemon's service group does (its
+//                executions stopped, its records durable), then the process prints "stopped" and exits 0
 //   --retention S prunes runs that finished more than S seconds ago, keeping each subject's newest,
 //                every 100 ms (Configuration.retention)
 // Environment:
@@ -71,6 +73,7 @@ struct Options {
     var patch = false
     var retention: Double?
     var fleet = false
+    var graceful = false
 
     static func parse() -> Options {
         var options = Options()
@@ -93,6 +96,7 @@ struct Options {
             case "--code": options.code = arguments.popFirst()
             case "--patch": options.patch = true
             case "--fleet": options.fleet = true
+            case "--graceful": options.graceful = true
             case "--retention": options.retention = Double(arguments.popFirst() ?? "")
             default:
                 FileHandle.standardError.write(Data("unknown argument \(argument)\n".utf8))
@@ -302,6 +306,8 @@ do {
     }
     if external {
         let service = Task { try await engine.run() }
+        let termination = options.graceful ? stopOnTermination(service) : nil
+        defer { termination?.cancel() }
         run = try await engine.start("startup", subject: subject)
         var current = run
         func othersUnfinished() async throws -> Bool {
@@ -389,6 +395,23 @@ final class InputEnd: Sendable {
             waiter?.resume(throwing: CancellationError())
         }
     }
+}
+
+/// Stops `service` (the engine's `run()`) on SIGTERM, waits until it has stopped, prints
+/// "stopped" and exits 0. Returns the signal's source, which must live as long as the wait.
+func stopOnTermination(_ service: Task<Void, any Error>) -> any DispatchSourceSignal {
+    signal(SIGTERM, SIG_IGN)
+    let source = DispatchSource.makeSignalSource(signal: SIGTERM, queue: .global())
+    source.setEventHandler {
+        Task {
+            service.cancel()
+            _ = try? await service.value
+            say("stopped")
+            exit(0)
+        }
+    }
+    source.resume()
+    return source
 }
 
 /// Serves until standard input closes (read on a thread of its own, off the cooperative pool).
