@@ -354,31 +354,40 @@ actor AttemptCounter {
 }
 
 /// The end of standard input, for steps that wait for it: read on a thread of its own, which
-/// resumes the waiting step the moment the input closes (no polling: a step of a process thawed
+/// resumes the waiting steps the moment the input closes (no polling: a step of a process thawed
 /// after its input closed goes on at once).
 final class InputEnd: Sendable {
-    private let state = Mutex<(closed: Bool, waiter: CheckedContinuation<Void, any Error>?)>((false, nil))
+    private struct State {
+        var closed = false
+        var next = 0
+        var waiters: [Int: CheckedContinuation<Void, any Error>] = [:]
+    }
+    private let state = Mutex(State())
 
     func watch() {
         Thread.detachNewThread {
             _ = FileHandle.standardInput.readDataToEndOfFile()
-            let waiter = self.state.withLock { state in
+            let waiters = self.state.withLock { state in
                 state.closed = true
-                defer { state.waiter = nil }
-                return state.waiter
+                defer { state.waiters = [:] }
+                return Array(state.waiters.values)
             }
-            waiter?.resume()
+            for waiter in waiters { waiter.resume() }
         }
     }
 
     /// Returns once standard input has closed; throws `CancellationError` when cancelled first.
     func wait() async throws {
+        let id = state.withLock { state in
+            state.next += 1
+            return state.next
+        }
         try await withTaskCancellationHandler {
             try await withCheckedThrowingContinuation { (waiter: CheckedContinuation<Void, any Error>) in
                 let closed: Bool? = state.withLock { state in
                     if state.closed { return true }
                     if Task.isCancelled { return false }
-                    state.waiter = waiter
+                    state.waiters[id] = waiter
                     return nil
                 }
                 switch closed {
@@ -388,11 +397,7 @@ final class InputEnd: Sendable {
                 }
             }
         } onCancel: {
-            let waiter = state.withLock { state in
-                defer { state.waiter = nil }
-                return state.waiter
-            }
-            waiter?.resume(throwing: CancellationError())
+            state.withLock { $0.waiters.removeValue(forKey: id) }?.resume(throwing: CancellationError())
         }
     }
 }
