@@ -112,4 +112,58 @@ import Testing
             #expect("\(error)".contains("127.0.0.1:1"), "\(error)")
         }
     }
+
+    /// An engine renews the leases of the runs it executes whatever else its watch waits for.
+    /// Here its removal of an expired session waits for the session's row, which another
+    /// client's transaction holds (a process frozen in a transaction, a long manual one): the
+    /// leases were renewed by the same loop, after that removal, so they ran out and another
+    /// engine could take over runs this one was still executing.
+    @Test(.enabled(if: available))
+    func leasesAreRenewedWhileTheWatchWaitsForARowAnotherTransactionHolds() async throws {
+        let folder = try TemporaryDirectory()
+        let url = try await TestBackend.postgres.location(folder)
+        let engine = try ChildProcess(
+            "hop-test-daemon", ["--db", url, "--files", folder.database, "--external", "--lease", "3"],
+            environment: ["HOP_TEST_SLOW_SPLASH": "1"], directory: folder)
+        defer { engine.kill() }
+        try await engine.waitForOutput("point after:hop:splash")
+        let login = try await run(
+            "hopctl", ["session", "login", "bob", "--subject", "device-2", "--expires-in", "2s", "--db", url],
+            in: folder)
+        #expect(login.status == 0, "\(login.stderr)")
+        // Another client holds the session's row in a transaction until the test ends it.
+        let holder = Task {
+            try await TestDatabases.shared.psql(
+                "BEGIN; SELECT subject FROM sessions WHERE subject = 'device-2' FOR UPDATE; SELECT pg_sleep(60); COMMIT",
+                in: folder)
+        }
+        defer { holder.cancel() }
+        func count(_ sql: String) async throws -> Int {
+            Int(try await TestDatabases.shared.psql(sql, in: folder).trimmingCharacters(in: .whitespacesAndNewlines))
+                ?? -1
+        }
+        // The session expires, and the engine's removal of it waits for the row.
+        try await waitUntil("the engine waits for the session's row", timeout: .seconds(20)) {
+            try await count(
+                """
+                SELECT count(*) FROM pg_stat_activity
+                WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE 'DELETE FROM sessions%'
+                """) == 1
+        }
+        let waiting = Date()
+        let store = try await TestBackend.postgres.open(folder)
+        // A lease of 3 s renewed every second: one that ends more than 3 s after the wait began
+        // was renewed during it.
+        try await waitUntil("the engine renews its lease while it waits", timeout: .seconds(10)) {
+            let run = try await store.run(id: 1)
+            return (run?.leaseExpiresAt ?? .distantPast) > waiting.addingTimeInterval(3.5)
+        }
+        #expect(try await store.run(id: 1)?.ownerLabel == "hop-test-daemon")
+        _ = try await count(
+            """
+            SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+            WHERE datname = current_database() AND query LIKE '%pg_sleep(60)%' AND pid <> pg_backend_pid()
+            """)
+        _ = await holder.result
+    }
 }
