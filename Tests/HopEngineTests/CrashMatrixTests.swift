@@ -22,9 +22,9 @@ import Testing
         let history = try await store.history(runID: run.id)
             .filter { $0.kind.isReplayed || $0.kind == .complete }
             .map { "\($0.kind.rawValue) \($0.step ?? "")" }
-        let lines = ((try? String(contentsOfFile: folder.database + ".bodies", encoding: .utf8)) ?? "").split(
-            separator: "\n")
-        let steps = lines.filter { $0.hasPrefix("\(run.id) ") }.map { String($0.split(separator: " ")[1]) }
+        let steps = bodyLines(in: folder).filter { $0.hasPrefix("\(run.id) ") }.map {
+            String($0.split(separator: " ")[1])
+        }
         return Outcome(history: history, bodies: Dictionary(steps.map { ($0, 1) }, uniquingKeysWith: +))
     }
 

@@ -98,8 +98,7 @@ import Testing
 
         owner.kill(SIGCONT)
         try await waitUntil("the thawed owner stops its step", timeout: .seconds(10)) {
-            ((try? String(contentsOfFile: folder.database + ".bodies", encoding: .utf8)) ?? "").contains(
-                "1 splash-cancelled")
+            bodyLines(in: folder).contains("1 splash-cancelled")
         }
         // The thawed owner wrote nothing: the history is as B left it, and B still leads the run.
         #expect(try await store.history(runID: 1) == history)
@@ -132,12 +131,8 @@ import Testing
             owner.kill(SIGCONT)
             owner.kill()
         }
-        let bodies = folder.database + ".bodies"
-        func bodyLines() -> [String] {
-            ((try? String(contentsOfFile: bodies, encoding: .utf8)) ?? "").split(separator: "\n").map(String.init)
-        }
         try await waitUntil("A's splash unhopped and runs on", timeout: .seconds(30)) {
-            bodyLines().contains("1 splash-unhopped")
+            bodyLines(in: folder).contains("1 splash-unhopped")
         }
         // B's splash waits until B's input closes.
         let other = try ChildProcess(
@@ -150,7 +145,7 @@ import Testing
         // Frozen with its unhop held: nothing of the step's end is in the database.
         #expect(try await store.history(runID: 1).map(\.kind) == [.hop])
         try await waitUntil("B took the run over and entered splash again", timeout: .seconds(15)) {
-            bodyLines().filter { $0 == "1 splash" }.count == 2
+            bodyLines(in: folder).filter { $0 == "1 splash" }.count == 2
         }
         let history = try await store.history(runID: 1)
         #expect(history.map(\.kind) == [.hop, .takeover], "\(history)")
@@ -162,7 +157,7 @@ import Testing
         owner.closeInput()
         owner.kill(SIGCONT)
         try await waitUntil("the thawed owner's step ends", timeout: .seconds(10)) {
-            let lines = bodyLines()
+            let lines = bodyLines(in: folder)
             return lines.contains("1 splash-ran-on")
                 || (lines.contains("1 splash-returned")
                     && owner.stdout.contains("point before:decision:isFirstUse(onboarding)"))

@@ -38,7 +38,7 @@ import Testing
         try await other.waitForOutput("executing run 1 replaying 1", timeout: .seconds(20))
         #expect(Date().timeIntervalSince(killed) < 30, "taken over only when the lease expired")
         try await other.waitForOutput("parked onboarding")
-        let bodies = try String(contentsOfFile: folder.database + ".bodies", encoding: .utf8).split(separator: "\n")
+        let bodies = bodyLines(in: folder)
         #expect(bodies.filter { $0 == "1 splash" }.count == 2, "the in-flight splash ran again in B: \(bodies)")
         let history = try await store.history(runID: 1)
         #expect(history.filter { $0.kind == .hop && $0.step == "splash" }.count == 1)

@@ -51,17 +51,13 @@ import Testing
     func aStepsHeldUnhopIsDurableWhenTheDaemonStopsOnSIGTERM(backend: TestBackend) async throws {
         let folder = try TemporaryDirectory()
         let arguments = ["--db", try await backend.location(folder), "--files", folder.database, "--external"]
-        let bodies = folder.database + ".bodies"
-        func bodyLines() -> [String] {
-            ((try? String(contentsOfFile: bodies, encoding: .utf8)) ?? "").split(separator: "\n").map(String.init)
-        }
         // Splash unhops and runs on (its input stays open); the unhop is held for up to 600 s.
         let first = try ChildProcess(
             "hop-test-daemon", arguments + ["--graceful"], environment: ["HOP_TEST_SPLASH_RUNS_ON": "1"],
             keepInputOpen: true, directory: folder)
         defer { first.kill() }
         try await waitUntil("splash unhopped and runs on", timeout: .seconds(30)) {
-            bodyLines().contains("1 splash-unhopped")
+            bodyLines(in: folder).contains("1 splash-unhopped")
         }
         let store = try await backend.open(folder)
         #expect(try await store.history(runID: 1).map(\.kind) == [.hop], "the unhop is held, not written")
@@ -69,7 +65,7 @@ import Testing
         first.kill(SIGTERM)
         #expect(try await first.waitForExit(timeout: .seconds(30)) == 0, "\(first.stdout)\(first.stderr)")
         #expect(first.stdout.contains("stopped"), "\(first.stdout)")
-        #expect(bodyLines().contains("1 splash-ran-on"), "the step was cancelled: \(bodyLines())")
+        #expect(bodyLines(in: folder).contains("1 splash-ran-on"), "the step was cancelled: \(bodyLines(in: folder))")
         let stopped = try await store.history(runID: 1)
         #expect(stopped.map(\.kind) == [.hop, .unhop] && stopped.last?.value?.contains("held") == true, "\(stopped)")
         let released = try await store.run(id: 1)
@@ -78,7 +74,8 @@ import Testing
         let second = try ChildProcess("hop-test-daemon", arguments, directory: folder)
         defer { second.kill() }
         try await second.waitForOutput("parked onboarding", timeout: .seconds(30))
-        #expect(bodyLines().filter { $0 == "1 splash" }.count == 1, "splash ran again: \(bodyLines())")
+        #expect(
+            bodyLines(in: folder).filter { $0 == "1 splash" }.count == 1, "splash ran again: \(bodyLines(in: folder))")
         let history = try await store.history(runID: 1)
         #expect(Array(history.prefix(2)) == stopped && history.filter { $0.kind == .unhop }.count == 1, "\(history)")
     }
@@ -94,8 +91,7 @@ import Testing
         #expect(cancel.status == 0, "\(cancel.stderr)")
         try await daemon.waitForOutput("settled cancelled", timeout: .seconds(10))
         try await waitUntil("the splash task sees its cancellation", timeout: .seconds(10)) {
-            ((try? String(contentsOfFile: folder.database + ".bodies", encoding: .utf8)) ?? "").contains(
-                "1 splash-cancelled")
+            bodyLines(in: folder).contains("1 splash-cancelled")
         }
         let store = try await HopStore.open(path: folder.database)
         let history = try await store.history(runID: 1)
@@ -124,7 +120,7 @@ import Testing
         try await owner.waitForExit()
         try await other.waitForOutput("executing run 1 replaying 1", timeout: .seconds(10))
         try await other.waitForOutput("parked onboarding", timeout: .seconds(10))
-        let bodies = try String(contentsOfFile: folder.database + ".bodies", encoding: .utf8).split(separator: "\n")
+        let bodies = bodyLines(in: folder)
         #expect(bodies.filter { $0 == "1 splash" }.count == 2, "the in-flight splash ran again in B: \(bodies)")
         #expect(try await store.history(runID: 1).filter { $0.kind == .hop && $0.step == "splash" }.count == 1)
     }

@@ -4,6 +4,13 @@ import HopStore
 import HopTestSupport
 import Logging
 
+/// The step bodies `hop-test-daemon` noted in `folder` so far, one "<run id> <step>" a line
+/// (its `PATH.bodies`, or `--files` prefix); none before the first.
+func bodyLines(in folder: TemporaryDirectory) -> [String] {
+    ((try? String(contentsOfFile: folder.database + ".bodies", encoding: .utf8)) ?? "").split(separator: "\n")
+        .map(String.init)
+}
+
 /// An engine over a fresh database with the startup flow; onboarding and login are external.
 func startupEngine(
     _ folder: TemporaryDirectory, backend: TestBackend = .sqlite,

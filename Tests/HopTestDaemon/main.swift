@@ -158,7 +158,6 @@ let slowSplash = environment["HOP_TEST_SLOW_SPLASH"] == "1"
 let splashRunsOn = environment["HOP_TEST_SPLASH_RUNS_ON"] == "1"
 let splashWaits = environment["HOP_TEST_SPLASH_WAITS"] == "1"
 let inputEnd = InputEnd()
-if splashRunsOn || splashWaits { inputEnd.watch() }
 let pauseBeforeEnd = environment["HOP_TEST_PAUSE_BEFORE_END"] == "1"
 // A database on a server has no folder: --files names the prefix of the test's files then.
 let files = options.files ?? path
@@ -353,18 +352,24 @@ actor AttemptCounter {
     }
 }
 
-/// The end of standard input, for steps that wait for it: read on a thread of its own, which
-/// resumes the waiting steps the moment the input closes (no polling: a step of a process thawed
-/// after its input closed goes on at once).
+/// The end of standard input, for whatever waits for it (steps, the serving modes): read on a
+/// thread of its own, started by the first wait, which resumes every waiter the moment the input
+/// closes (no polling: a step of a process thawed after its input closed goes on at once).
 final class InputEnd: Sendable {
     private struct State {
+        var reading = false
         var closed = false
         var next = 0
         var waiters: [Int: CheckedContinuation<Void, any Error>] = [:]
     }
     private let state = Mutex(State())
 
-    func watch() {
+    private func startReading() {
+        let start = state.withLock { state in
+            defer { state.reading = true }
+            return !state.reading
+        }
+        guard start else { return }
         Thread.detachNewThread {
             _ = FileHandle.standardInput.readDataToEndOfFile()
             let waiters = self.state.withLock { state in
@@ -378,6 +383,7 @@ final class InputEnd: Sendable {
 
     /// Returns once standard input has closed; throws `CancellationError` when cancelled first.
     func wait() async throws {
+        startReading()
         let id = state.withLock { state in
             state.next += 1
             return state.next
@@ -419,14 +425,9 @@ func stopOnTermination(_ service: Task<Void, any Error>) -> any DispatchSourceSi
     return source
 }
 
-/// Serves until standard input closes (read on a thread of its own, off the cooperative pool).
+/// Serves until standard input closes (``InputEnd``: read on a thread of its own, off the cooperative pool).
 func waitForInputToClose() async {
-    await withCheckedContinuation { (done: CheckedContinuation<Void, Never>) in
-        Thread.detachNewThread {
-            _ = FileHandle.standardInput.readDataToEndOfFile()
-            done.resume()
-        }
-    }
+    try? await inputEnd.wait()
 }
 
 /// Runs the engine as a service, starts `flow` for each of `subjects`, prints "started N" once
