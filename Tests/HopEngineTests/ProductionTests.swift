@@ -52,7 +52,10 @@ import Testing
         let second = try await startupEngine(folder, flow: flow)
         let service = Task { try await second.run() }
         defer { service.cancel() }
-        try await waitUntil("the run completes", timeout: .seconds(10)) {
+        // A deadline against a hang, not a measure: the timeout's own time is checked below. 10 s
+        // ran out in 3 full suites of 11 (one a CI run), each time while WhereCodeRunsTests held
+        // one of this process's two cooperative threads blocked on purpose.
+        try await waitUntil("the run completes", timeout: .seconds(30)) {
             try await second.storage.run(id: run.id)?.status == .completed
         }
         let history = try await second.storage.history(runID: run.id)
