@@ -112,4 +112,61 @@ import Testing
             #expect("\(error)".contains("127.0.0.1:1"), "\(error)")
         }
     }
+
+    /// An engine renews the leases of the runs it executes whatever else its watch waits for.
+    /// Here its look for expired sessions waits for a lock another client holds on the sessions
+    /// table (an operator's `VACUUM FULL` or schema change, a process frozen in a transaction):
+    /// the leases were renewed by the same loop, after that look, so they ran out and another
+    /// engine could take over runs this one was still executing.
+    @Test(.enabled(if: available))
+    func leasesAreRenewedWhileTheWatchWaitsForALockAnotherClientHolds() async throws {
+        let folder = try TemporaryDirectory()
+        let url = try await TestBackend.postgres.location(folder)
+        let engine = try ChildProcess(
+            "hop-test-daemon", ["--db", url, "--files", folder.database, "--external", "--lease", "3"],
+            environment: ["HOP_TEST_SLOW_SPLASH": "1"], directory: folder)
+        defer { engine.kill() }
+        try await engine.waitForOutput("point after:hop:splash")
+        // Another client locks the sessions table until the test ends its transaction. The
+        // engine's next look for expired sessions (every poll) waits for it, whenever it comes.
+        let holder = Task {
+            try await TestDatabases.shared.psql(
+                "BEGIN; LOCK TABLE sessions IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(60); COMMIT", in: folder)
+        }
+        defer { holder.cancel() }
+        func count(_ sql: String) async throws -> Int {
+            Int(try await TestDatabases.shared.psql(sql, in: folder).trimmingCharacters(in: .whitespacesAndNewlines))
+                ?? -1
+        }
+        try await waitUntil("the engine waits for the sessions table", timeout: .seconds(30)) {
+            try await count(
+                """
+                SELECT count(*) FROM pg_stat_activity
+                WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%FROM sessions%'
+                  AND pid <> pg_backend_pid()
+                """) >= 1
+        }
+        let waiting = Date()
+        let store = try await TestBackend.postgres.open(folder)
+        // A lease of 3 s renewed every second: one that ends more than 3 s after the wait began
+        // was renewed during it.
+        try await waitUntil("the engine renews its lease while it waits", timeout: .seconds(15)) {
+            let run = try await store.run(id: 1)
+            return (run?.leaseExpiresAt ?? .distantPast) > waiting.addingTimeInterval(3.5)
+        }
+        #expect(try await store.run(id: 1)?.ownerLabel == "hop-test-daemon")
+        #expect(
+            try await count(
+                """
+                SELECT count(*) FROM pg_stat_activity
+                WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%FROM sessions%'
+                  AND pid <> pg_backend_pid()
+                """) >= 1, "the engine still waits for the sessions table")
+        _ = try await count(
+            """
+            SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+            WHERE datname = current_database() AND query LIKE '%pg_sleep(60)%' AND pid <> pg_backend_pid()
+            """)
+        _ = await holder.result
+    }
 }

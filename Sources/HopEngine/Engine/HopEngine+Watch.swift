@@ -34,6 +34,7 @@ extension HopEngine: Service {
                     group.addTask { await self.retain(retention) }
                 }
                 group.addTask { await self.watch() }
+                group.addTask { await self.renewLeases() }
             }
         }
         await stopExecuting()
@@ -47,22 +48,20 @@ extension HopEngine: Service {
 
     private func watch() async {
         var seen = (try? await storage.changeVersion()) ?? 0
-        let renewEvery = configuration.leaseDuration / 3
-        var lastRenewal = ContinuousClock.now
+        // As often as leases are renewed, the watch looks for runs taken over from this engine
+        // and for runs whose lease expired, whether or not the database changed.
+        let lookEvery = configuration.leaseDuration / 3
+        var lastLook = ContinuousClock.now
         while !Task.isCancelled {
             do {
                 try await Task.sleep(for: configuration.pollInterval)
                 try await timeOutDueSteps()
                 try await expireSessions()
                 let version = try await storage.changeVersion()
-                let renew = ContinuousClock.now - lastRenewal >= renewEvery
-                if renew {
-                    lastRenewal = ContinuousClock.now
-                    let held = environment.holdings.withLock { Array($0.held) }
-                    try await storage.renewLeases(owner: id, runIDs: held, until: environment.leaseEnd)
-                }
+                let look = ContinuousClock.now - lastLook >= lookEvery
+                if look { lastLook = ContinuousClock.now }
                 let released = try await environment.releaseRunsOfDeadEngines()
-                if version != seen || renew || released > 0 {
+                if version != seen || look || released > 0 {
                     seen = version
                     try await stopRunsFinishedElsewhere()
                     try await resumeClaimable()
@@ -71,6 +70,25 @@ extension HopEngine: Service {
                 return
             } catch {
                 logger.error("cannot check the database for changes", metadata: ["hop.error": "\(error)"])
+            }
+        }
+    }
+
+    /// Renews the leases of the runs this engine executes, three times per lease, until
+    /// cancelled. A loop of its own, not a step of the watch's: a chore of the watch that waits
+    /// (on PostgreSQL, for a row another client's transaction holds) or fails must not let the
+    /// leases run out, or another engine would take over runs this one still executes.
+    private func renewLeases() async {
+        while !Task.isCancelled {
+            do {
+                try await Task.sleep(for: configuration.leaseDuration / 3)
+                let held = environment.holdings.withLock { Array($0.held) }
+                try await storage.renewLeases(owner: id, runIDs: held, until: environment.leaseEnd)
+            } catch is CancellationError {
+                return
+            } catch {
+                logger.error(
+                    "cannot renew the leases of the runs this engine executes", metadata: ["hop.error": "\(error)"])
             }
         }
     }
