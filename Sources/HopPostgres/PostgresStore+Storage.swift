@@ -390,11 +390,13 @@ extension PostgresStore: HopStorage {
         }
     }
 
-    package func release(runID: Int64, owner: String) async throws {
-        try await transaction("release run \(runID)") { tx in
+    package func release(runIDs: [Int64], owner: String) async throws {
+        guard !runIDs.isEmpty else { return }
+        let operation = runIDs.count == 1 ? "release run \(runIDs[0])" : "release \(runIDs.count) runs"
+        try await transaction(operation) { tx in
             let released = try await tx.run(
-                "UPDATE runs SET owner = NULL, lease_expires_at = NULL WHERE id = $1 AND owner = $2 RETURNING 1",
-                [.int(runID), .text(owner)])
+                "UPDATE runs SET owner = NULL, lease_expires_at = NULL WHERE id = ANY($1) AND owner = $2 RETURNING 1",
+                [.ints(runIDs), .text(owner)])
             if released > 0 { try await tx.notifyChange() }
         }
     }

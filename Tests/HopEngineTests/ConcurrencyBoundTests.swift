@@ -121,4 +121,54 @@ import Testing
         #expect(inFlight.peak <= 5, "more runs executed at once than the bound")
         #expect(Set(inFlight.entered) == Set(runs))
     }
+    /// A graceful stop (`run()` cancelled, as a service group does on SIGTERM) stops the runs the
+    /// engine executes, and only them: a place a stopped run frees is not given to a run that
+    /// waits for one, which stays in the database as it was, for the next engine. The observer
+    /// is told that each stopped run settled, on PostgreSQL too (whose client refuses queries
+    /// from the stopping tasks).
+    @Test(arguments: TestBackend.all)
+    func aStoppingEngineGivesNoFreedPlaceToAWaitingRun(backend: TestBackend) async throws {
+        let folder = try TemporaryDirectory()
+        let store = try await backend.open(folder)
+        let inFlight = InFlight()
+        let events = Mutex<(ready: Bool, settled: [RunRecord])>((false, []))
+        let engine = HopEngine(
+            storage: store, logger: Logger(label: "bound", factory: { _ in SwiftLogNoOpLogHandler() }),
+            configuration: .init(
+                observer: { event in
+                    switch event {
+                    case .ready: events.withLock { $0.ready = true }
+                    case .settled(let run): events.withLock { $0.settled.append(run) }
+                    default: break
+                    }
+                }, engineID: "bound", maxConcurrentRuns: 2))
+        engine.register(Flow("work", version: "1") { flow in try await flow.hop(to: "task") })
+        engine.register(step: "task") { context in
+            inFlight.enter(context.runID)
+            try await Task.sleep(for: .seconds(3600))  // until the engine stops
+        }
+        let service = Task { try await engine.run() }
+        defer { service.cancel() }
+        try await waitUntil("the engine is ready") { events.withLock { $0.ready } }
+        var runs: [Int64] = []
+        for index in 0..<6 { runs.append(try await engine.start("work", subject: "s\(index)").id) }
+        try await waitUntil("two runs are in their step") { inFlight.entered.count == 2 }
+        #expect(await engine.waitingCount == 4)
+
+        service.cancel()
+        try await service.value
+        #expect(inFlight.entered.count == 2, "runs that waited for a place entered their step as the engine stopped")
+        #expect(await engine.executingCount == 0, "runs still execute after the engine stopped")
+        let stored = try await store.allRuns(flow: "work")
+        #expect(stored.count == 6)
+        for run in stored {
+            #expect(run.status == .running, "run \(run.id)")
+            #expect(run.owner == nil, "run \(run.id) is still held by \(run.owner ?? "")")
+        }
+        let settled = events.withLock { $0.settled }
+        #expect(
+            Set(settled.map(\.id)) == Set(inFlight.entered),
+            "the observer was told \(settled.map(\.id)) settled; the stopped runs were \(inFlight.entered)")
+        #expect(settled.allSatisfy { $0.status == .running && $0.owner == nil })
+    }
 }

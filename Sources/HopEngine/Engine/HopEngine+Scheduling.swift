@@ -10,6 +10,10 @@ extension HopEngine {
     /// - Parameter claimed: the run's history, when this engine has already claimed the run
     ///   and read it (a resume of many runs does both in bulk, for free places only).
     func execute(_ run: RunRecord, claimed: [HistoryEntry]? = nil) {
+        guard !stopping else {
+            lettingGo.append(run.id)  // it stays in the database as it is, for the next engine
+            return
+        }
         guard executing[run.id] == nil else {
             executeAgain.insert(run.id)
             return
@@ -40,10 +44,20 @@ extension HopEngine {
             run: run, definition: definition, environment: environment, claimed: claimed, bodyExecutor: bodyExecutor)
         executing[run.id] = Task(executorPreference: bodyExecutor) { [self, environment] in
             let settlement = await executor.execute()
-            // The run as it ended, read where the execution ran (beside the store, for a body on
-            // the store's thread) when the engine will want it: no store call on its way back.
-            let stored = environment.wantsSettledRun(run.id) ? try? await environment.storage.run(id: run.id) : nil
-            await self.didSettle(run.id, settlement, stored: stored)
+            @Sendable func settle() async {
+                // The run as it ended, read where the execution ran (beside the store, for a body
+                // on the store's thread) when the engine will want it: no store call on its way back.
+                let stored = environment.wantsSettledRun(run.id) ? try? await environment.storage.run(id: run.id) : nil
+                await self.didSettle(run.id, settlement, stored: stored)
+            }
+            if Task.isCancelled {
+                // Stopped (the engine stops, or the run ended elsewhere): the settlement's reads
+                // run in a task of their own, as PostgreSQL's client refuses to start a query for
+                // a cancelled task (the observer and the run's waiters were not told how it ended).
+                await Task(executorPreference: bodyExecutor) { await settle() }.value
+            } else {
+                await settle()
+            }
         }
     }
 
@@ -61,8 +75,8 @@ extension HopEngine {
         }
         executing[runID] = nil
         environment.holdings.withLock { $0.settled(runID) }
-        if executeAgain.remove(runID) != nil, let run = try? await storage.run(id: runID), run.status == .running,
-            executing[runID] == nil
+        if executeAgain.remove(runID) != nil, !stopping, let run = try? await storage.run(id: runID),
+            run.status == .running, executing[runID] == nil, !stopping
         {
             execute(run)  // in the place it just left, unless runs wait for one
             executeWaiting()
@@ -84,6 +98,7 @@ extension HopEngine {
     /// Executes waiting runs in the free places, oldest first; with none waiting and places
     /// free, claims more of the runs a resume left in the database.
     func executeWaiting() {
+        guard !stopping else { return }  // the places a stop frees stay free
         let limit = configuration.maxConcurrentRuns
         while executing.count < limit, let next = waiting.next() {
             if executing[next.id] == nil { launch(next, claimed: nil) } else { executeAgain.insert(next.id) }
@@ -96,9 +111,44 @@ extension HopEngine {
     }
 
     /// Cancels every run this engine executes and waits until they have stopped.
+    ///
+    /// No run starts executing meanwhile: a place a stopped run frees is not given to a run
+    /// waiting for one, and a run asked to execute (a start, an unhop) is left as it is stored.
+    /// Runs that waited for a place are let go, their leases released (a run this engine
+    /// started holds one from its start): like the stopped ones, they stay resumable, by this
+    /// engine's next ``run()`` or another engine, at once.
     public func stopExecuting() async {
-        let tasks = Array(executing.values)
-        for task in tasks { task.cancel() }
-        for task in tasks { await task.value }
+        stopping = true
+        stops += 1
+        defer { stopping = false }
+        while let run = waiting.next() {
+            lettingGo.append(run.id)
+            for waiter in settleWaiters.removeValue(forKey: run.id) ?? [] {
+                waiter.resume(returning: nil)  // ``settled(runID:)`` reads the run itself
+            }
+            environment.holdings.withLock { _ = $0.awaited.remove(run.id) }
+        }
+        while !executing.isEmpty {
+            let tasks = Array(executing.values)
+            for task in tasks { task.cancel() }
+            for task in tasks { await task.value }
+        }
+        // Those that waited, and those asked to execute meanwhile (a start, a resume's claim).
+        while !lettingGo.isEmpty {
+            let letGo = lettingGo
+            lettingGo = []
+            // In a task of its own: the stopping one may be cancelled (a service group's
+            // shutdown), and PostgreSQL's client refuses to start a query for a cancelled task.
+            let (storage, owner, logger) = (storage, id, logger)
+            await Task {
+                do {
+                    try await storage.release(runIDs: letGo, owner: owner)
+                } catch {
+                    logger.error(
+                        "cannot release the runs let go as the engine stopped; another engine takes them when their lease expires",
+                        metadata: ["hop.runs": "\(letGo.count)", "hop.error": "\(error)"])
+                }
+            }.value
+        }
     }
 }

@@ -15,8 +15,9 @@ extension HopEngine: Service {
     /// and the runs of any other engine once their lease expired. A run it finds taken over by
     /// another engine (this one was stalled past its lease) stops here without another write.
     ///
-    /// On shutdown, the steps in flight are cancelled, their leases released, and their runs
-    /// stay resumable.
+    /// On shutdown (``stopExecuting()``), the steps in flight are cancelled and no other run
+    /// starts; the leases of those runs and of the runs waiting for a place are released, and
+    /// they all stay resumable.
     public func run() async throws {
         try await expireSessions()  // sessions that expired while no daemon ran end their steps now
         try await resumeAll()

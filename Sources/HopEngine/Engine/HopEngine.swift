@@ -55,6 +55,12 @@ public actor HopEngine {
     var claimableLeft = false
     /// Whether a resume is claiming runs now.
     var resuming = false
+    /// Whether ``stopExecuting()`` is stopping the runs: no run starts executing meanwhile.
+    var stopping = false
+    /// The runs let go while stopping, whose leases the stop releases (this engine may hold them).
+    var lettingGo: [Int64] = []
+    /// How many stops began: a resume that claimed runs across a whole stop releases them.
+    var stops = 0
 
     /// An engine over the SQLite database `store`.
     public init(store: HopStore, logger: Logger, configuration: Configuration = Configuration()) {

@@ -17,7 +17,8 @@ extension HopEngine {
     /// engines first: the watch has just looked).
     @discardableResult
     func resumeClaimable() async throws -> Int {
-        guard !resuming else { return 0 }
+        guard !resuming, !stopping else { return 0 }
+        let stopsBefore = stops
         resuming = true
         defer { resuming = false }
         // Only as many as there are free places: the others stay in the database, unclaimed.
@@ -35,6 +36,11 @@ extension HopEngine {
             let batch = candidates[start..<min(start + Self.resumeBatch, candidates.count)].map(\.id)
             let claimed = try await storage.claim(runIDs: batch, owner: id, until: environment.leaseEnd)
             let histories = try await storage.histories(runIDs: claimed.map(\.id))
+            if stops != stopsBefore && !stopping {
+                // The engine stopped while this batch was claimed: the runs go back at once.
+                try await storage.release(runIDs: claimed.map(\.id), owner: id)
+                break
+            }
             for run in claimed {
                 if executing[run.id] == nil {
                     execute(run, claimed: histories[run.id] ?? [])

@@ -63,12 +63,18 @@ extension HopStore {
         }
     }
 
-    /// Gives up `owner`'s lease on run `runID`, so another engine may take it at once.
-    package func release(runID: Int64, owner: String) async throws {
-        try await transaction("release run \(runID)") { tx in
+    /// Gives up `owner`'s leases on the runs of `runIDs` it holds, so another engine may take
+    /// them at once; one statement.
+    package func release(runIDs: [Int64], owner: String) async throws {
+        guard !runIDs.isEmpty else { return }
+        let operation = runIDs.count == 1 ? "release run \(runIDs[0])" : "release \(runIDs.count) runs"
+        try await transaction(operation) { tx in
             try tx.run(
-                "UPDATE runs SET owner = NULL, lease_expires_at = NULL WHERE id = ?1 AND owner = ?2",
-                [.integer(runID), .text(owner)], operation: "release run \(runID)")
+                """
+                UPDATE runs SET owner = NULL, lease_expires_at = NULL
+                WHERE id IN (SELECT value FROM json_each(?1)) AND owner = ?2
+                """,
+                [.text(Self.jsonList(runIDs)), .text(owner)], operation: operation)
         }
     }
 

@@ -121,8 +121,8 @@ package protocol HopStorage: Sendable {
     /// Extends `owner`'s leases on `runIDs`; returns the runs whose lease was extended.
     @discardableResult
     func renewLeases(owner: String, runIDs: [Int64], until: Date) async throws -> Set<Int64>
-    /// Gives up `owner`'s lease on the run.
-    func release(runID: Int64, owner: String) async throws
+    /// Gives up `owner`'s leases on the runs of `runIDs` (those it holds), in one transaction.
+    func release(runIDs: [Int64], owner: String) async throws
     /// Releases the runs of incarnations proven dead, and forgets them; returns them with their run counts.
     @discardableResult
     func releaseRunsOfDeadIncarnations(except own: Incarnation) async throws -> [(owner: String, runs: Int)]
@@ -156,6 +156,11 @@ package protocol HopStorage: Sendable {
 }
 
 extension HopStorage {
+    /// Gives up `owner`'s lease on the run.
+    package func release(runID: Int64, owner: String) async throws {
+        try await release(runIDs: [runID], owner: owner)
+    }
+
     /// The whole history of a run, in order.
     package func history(runID: Int64) async throws -> [HistoryEntry] { try await history(runID: runID, limit: nil) }
 
