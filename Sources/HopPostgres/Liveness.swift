@@ -9,7 +9,8 @@ import Synchronization
 /// as the incarnation lives. The server drops it when the connection ends (the process died, its
 /// machine or network went away), and another engine that no longer finds it in `pg_locks`
 /// knows the owner is gone. A frozen process keeps its connection, hence its lock: its runs are
-/// taken over only when their leases expire.
+/// taken over only when their leases expire. A living process whose connection went takes the
+/// lock again on a new one.
 ///
 /// The lock is taken in the background; the store waits for it (``held()``) before it records
 /// the incarnation as the owner of any run, so no run is ever held by an owner without its lock.
@@ -42,36 +43,59 @@ final class AdvisoryLock: Sendable {
     func held() async throws { try await state.held() }
 
     /// Connects, takes the lock and keeps the connection until cancelled (the incarnation ended).
+    ///
+    /// When the connection goes while the incarnation lives (a network blip, a restart or
+    /// failover of the server, an operator ending sessions), the server lets go of the lock: it
+    /// connects and takes it again at once, then with a growing pause while that fails, so that
+    /// other engines go on seeing this one alive. Meanwhile it records no run as its own
+    /// (``held()`` waits), and a run another engine took over in the gap is fenced as after a
+    /// freeze: the engine stops executing it and writes nothing more to it.
     private static func hold(key: Int64, url: PostgresURL, logger: Logger, state: LockState) async {
         let operation = "take the liveness lock"
-        let connection: PostgresConnection
-        do {
-            connection = try await PostgresConnection.connect(
-                configuration: try url.connectionConfiguration(), id: 1, logger: PostgresStore.quiet)
-        } catch {
-            state.settle(.failure(PostgresStore.map(error, operation: operation, location: url.redacted)))
-            return
-        }
-        do {
-            _ = try await connection.query(
-                PostgresValue.query("SELECT pg_advisory_lock($1)", [.int(key)]), logger: PostgresStore.quiet
-            ).collect()
-            state.settle(.success(()))
-        } catch {
-            state.settle(.failure(PostgresStore.map(error, operation: operation, location: url.redacted)))
-            try? await connection.close()
-            return
-        }
-        // Held until the incarnation ends: then the connection closes and the server lets go.
-        await withTaskCancellationHandler {
-            try? await connection.closeFuture.get()
-        } onCancel: {
-            connection.close().whenComplete { _ in }
-        }
-        if !Task.isCancelled {
-            logger.error(
-                "lost the connection holding this engine's liveness lock; other engines may take its runs over, and it writes nothing more to those",
-                metadata: ["hop.lock": "\(key)"])
+        var everHeld = false
+        var failures = 0
+        while !Task.isCancelled {
+            do {
+                let connection = try await PostgresConnection.connect(
+                    configuration: try url.connectionConfiguration(), id: 1, logger: PostgresStore.quiet)
+                do {
+                    _ = try await connection.query(
+                        PostgresValue.query("SELECT pg_advisory_lock($1)", [.int(key)]), logger: PostgresStore.quiet
+                    ).collect()
+                } catch {
+                    try? await connection.close()
+                    throw error
+                }
+                state.settle(.success(()))
+                if everHeld {
+                    logger.notice(
+                        "took this engine's liveness lock again on a new connection", metadata: ["hop.lock": "\(key)"])
+                }
+                everHeld = true
+                failures = 0
+                // Held until the incarnation ends: then the connection closes and the server lets go.
+                await withTaskCancellationHandler {
+                    try? await connection.closeFuture.get()
+                } onCancel: {
+                    connection.close().whenComplete { _ in }
+                }
+                if Task.isCancelled { return }
+                state.lose()
+                logger.warning(
+                    "lost the connection holding this engine's liveness lock; connecting again to take it again (until then other engines may take its runs over, and it writes nothing more to those)",
+                    metadata: ["hop.lock": "\(key)"])
+            } catch {
+                let failure = PostgresStore.map(error, operation: operation, location: url.redacted)
+                // The first time, the engine's store is being opened: the error says why it cannot be.
+                state.settle(.failure(failure), final: !everHeld)
+                guard everHeld else { return }
+                failures += 1
+                let pause = Duration.milliseconds(min(5000, 100 << min(failures, 6)))
+                logger.warning(
+                    "cannot take this engine's liveness lock again; trying again",
+                    metadata: ["hop.lock": "\(key)", "hop.error": "\(failure)", "hop.retry_in": "\(pause)"])
+                try? await Task.sleep(for: pause)
+            }
         }
     }
 }
@@ -100,16 +124,25 @@ private final class LockState: Sendable {
         }
     }
 
-    func settle(_ outcome: Result<Void, HopError>) {
+    /// Ends an attempt to take the lock: those waiting are told how it went. A failure that is
+    /// `final` fails every later wait too; another leaves the next attempt to be waited for.
+    func settle(_ outcome: Result<Void, HopError>, final: Bool = true) {
         let waiting = state.withLock { state -> [CheckedContinuation<Void, any Error>] in
             guard case .acquiring(let waiting) = state else { return [] }
             switch outcome {
             case .success: state = .held
-            case .failure(let error): state = .failed(error)
+            case .failure(let error): state = final ? .failed(error) : .acquiring([])
             }
             return waiting
         }
         for continuation in waiting { continuation.resume(with: outcome.mapError { $0 as any Error }) }
+    }
+
+    /// The lock's connection went: waits are for the next attempt to take it again.
+    func lose() {
+        state.withLock { state in
+            if case .held = state { state = .acquiring([]) }
+        }
     }
 }
 

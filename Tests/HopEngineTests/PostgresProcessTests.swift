@@ -54,6 +54,53 @@ import Testing
         await store.close()
     }
 
+    /// The connection that holds an engine's liveness lock can go while its process lives: a
+    /// network blip, a restart or failover of the server, an operator ending sessions. The
+    /// engine connects again and takes its lock again, so other engines go on seeing it alive
+    /// and leave its runs to it; before, it never did, and every engine of the fleet took over
+    /// each run it held or claimed from then on, while it went on executing them.
+    @Test(.enabled(if: available))
+    func anOwnerWhoseLivenessConnectionDroppedTakesItsLockAgainAndKeepsItsRuns() async throws {
+        let folder = try TemporaryDirectory()
+        let url = try await TestBackend.postgres.location(folder)
+        // Leases of a minute: only the liveness lock says whether A lives.
+        let owner = try ChildProcess(
+            "hop-test-daemon",
+            ["--db", url, "--files", folder.database, "--external", "--engine-id", "A", "--lease", "60"],
+            environment: ["HOP_TEST_SLOW_SPLASH": "1"], directory: folder)
+        defer { owner.kill() }
+        try await owner.waitForOutput("point after:hop:splash")
+        // The backends holding an advisory lock in this database: A's liveness connection.
+        func holders() async throws -> [String] {
+            try await TestDatabases.shared.psql(
+                """
+                SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted
+                  AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) ORDER BY pid
+                """, in: folder
+            ).split(whereSeparator: \.isNewline).map(String.init)
+        }
+        let before = try await holders()
+        try #require(before.count == 1, "A's liveness lock: \(before)")
+        _ = try await TestDatabases.shared.psql("SELECT pg_terminate_backend(\(before[0]))", in: folder)
+        try await waitUntil("A holds its liveness lock again, on a new connection", timeout: .seconds(20)) {
+            let now = try await holders()
+            return now.count == 1 && now != before
+        }
+
+        let other = try ChildProcess(
+            "hop-test-daemon",
+            ["--db", url, "--files", folder.database, "--external", "--engine-id", "B", "--lease", "60"],
+            directory: folder)
+        defer { other.kill() }
+        // B has looked for dead engines (as it resumed) and for runs to claim by then.
+        try await other.waitForOutput("ready")
+        let store = try await PostgresStore.open(url: url)
+        defer { Task { await store.close() } }
+        #expect(try await store.run(id: 1)?.ownerLabel == "A")
+        #expect(!other.stdout.contains("executing run 1"), "B executed a run A holds")
+        #expect(try await store.history(runID: 1).allSatisfy { $0.kind != .takeover })
+    }
+
     @Test(.enabled(if: available))
     func anIncarnationsRunsAreReleasedAsSoonAsItIsGoneAndNotWhileItLives() async throws {
         let folder = try TemporaryDirectory()
