@@ -10,22 +10,27 @@ import Testing
     /// Whether the PostgreSQL backend runs here (`TestBackend.all` said why when it does not).
     static var available: Bool { TestBackend.all.contains { $0.name == "postgres" } }
 
+    /// A test daemon labelled `label` on database `url`, with leases of a minute: a takeover
+    /// within seconds is the liveness lock's doing, not an expiry's. With `slowSplash`, its
+    /// splash runs until cancelled.
+    static func daemon(
+        _ label: String, url: String, in folder: TemporaryDirectory, slowSplash: Bool = false
+    ) throws -> ChildProcess {
+        try ChildProcess(
+            "hop-test-daemon",
+            ["--db", url, "--files", folder.database, "--external", "--engine-id", label, "--lease", "60"],
+            environment: slowSplash ? ["HOP_TEST_SLOW_SPLASH": "1"] : [:], directory: folder)
+    }
+
     @Test(.enabled(if: available))
     func aKilledOwnersRunIsTakenOverAtOnceByItsAdvisoryLockAndUnhopsFromAnotherProcessMoveItOn() async throws {
         let folder = try TemporaryDirectory()
         let url = try await TestBackend.postgres.location(folder)
-        // Leases of a minute: a takeover within seconds is the liveness lock's doing, not an expiry's.
-        let owner = try ChildProcess(
-            "hop-test-daemon",
-            ["--db", url, "--files", folder.database, "--external", "--engine-id", "A", "--lease", "60"],
-            environment: ["HOP_TEST_SLOW_SPLASH": "1"], directory: folder)
+        let owner = try Self.daemon("A", url: url, in: folder, slowSplash: true)
         defer { owner.kill() }
         try await owner.waitForOutput("point after:hop:splash")
 
-        let other = try ChildProcess(
-            "hop-test-daemon",
-            ["--db", url, "--files", folder.database, "--external", "--engine-id", "B", "--lease", "60"],
-            directory: folder)
+        let other = try Self.daemon("B", url: url, in: folder)
         defer { other.kill() }
         try await other.waitForOutput("ready")
         let store = try await PostgresStore.open(url: url)
@@ -63,11 +68,7 @@ import Testing
     func anOwnerWhoseLivenessConnectionDroppedTakesItsLockAgainAndKeepsItsRuns() async throws {
         let folder = try TemporaryDirectory()
         let url = try await TestBackend.postgres.location(folder)
-        // Leases of a minute: only the liveness lock says whether A lives.
-        let owner = try ChildProcess(
-            "hop-test-daemon",
-            ["--db", url, "--files", folder.database, "--external", "--engine-id", "A", "--lease", "60"],
-            environment: ["HOP_TEST_SLOW_SPLASH": "1"], directory: folder)
+        let owner = try Self.daemon("A", url: url, in: folder, slowSplash: true)
         defer { owner.kill() }
         try await owner.waitForOutput("point after:hop:splash")
         // The backends holding an advisory lock in this database: A's liveness connection.
@@ -87,10 +88,7 @@ import Testing
             return now.count == 1 && now != before
         }
 
-        let other = try ChildProcess(
-            "hop-test-daemon",
-            ["--db", url, "--files", folder.database, "--external", "--engine-id", "B", "--lease", "60"],
-            directory: folder)
+        let other = try Self.daemon("B", url: url, in: folder)
         defer { other.kill() }
         // B has looked for dead engines (as it resumed) and for runs to claim by then.
         try await other.waitForOutput("ready")
