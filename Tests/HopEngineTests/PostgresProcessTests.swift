@@ -99,6 +99,55 @@ import Testing
         #expect(try await store.history(runID: 1).allSatisfy { $0.kind != .takeover })
     }
 
+    /// An operator restarts the PostgreSQL server (`pg_ctl restart`: every client's connection
+    /// ended) while a daemon's step runs. The daemon connects again on every connection it uses:
+    /// it takes its liveness lock again, so another engine started once the server is back
+    /// leaves its run to it, and the step's end and the hop after it are written by the daemon
+    /// that ran the step, once, on the server as it came back.
+    @Test(.enabled(if: available))
+    func aDaemonWhoseServerRestartsMidStepKeepsItsRunAndWritesTheStepsEndOnce() async throws {
+        // A server of this test's own: restarting the shared one would end other tests' connections.
+        let server = try #require(try await PostgresServer.start())
+        try await server.createDatabase("restarted")
+        let url = server.url(database: "restarted")
+        let folder = try TemporaryDirectory()
+        let owner = try ChildProcess(
+            "hop-test-daemon",
+            ["--db", url, "--files", folder.database, "--external", "--engine-id", "A", "--lease", "60"],
+            environment: ["HOP_TEST_SPLASH_WAITS": "1"], keepInputOpen: true, directory: folder)
+        defer { owner.kill() }
+        try await owner.waitForOutput("point after:hop:splash")
+        func holders() async throws -> [String] {
+            try await server.psql(
+                "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted ORDER BY pid", database: "restarted"
+            ).split(whereSeparator: \.isNewline).map(String.init)
+        }
+        let before = try await holders()
+        try #require(before.count == 1, "A's liveness lock: \(before)")
+
+        try await server.restart()
+        try await waitUntil("A holds its liveness lock again, on a new connection", timeout: .seconds(30)) {
+            let now = (try? await holders()) ?? []
+            return now.count == 1 && now != before
+        }
+        let other = try Self.daemon("B", url: url, in: folder)
+        defer { other.kill() }
+        try await other.waitForOutput("ready")  // B has looked for dead engines and claimable runs
+
+        owner.closeInput()  // the step ends: its unhop and the hop to onboarding are written now
+        try await owner.waitForOutput("parked onboarding")
+        let store = try await PostgresStore.open(url: url)
+        defer { Task { await store.close() } }
+        let history = try await store.history(runID: 1)
+        #expect(history.filter { $0.kind == .hop && $0.step == "splash" }.count == 1, "\(history.map(\.kind))")
+        #expect(history.filter { $0.kind == .unhop && $0.step == "splash" }.count == 1, "\(history.map(\.kind))")
+        #expect(history.contains { $0.kind == .hop && $0.step == "onboarding" })
+        #expect(history.allSatisfy { $0.kind != .takeover }, "the run changed hands: \(history.map(\.kind))")
+        #expect(bodyLines(in: folder).filter { $0 == "1 splash" }.count == 1, "the splash ran again")
+        #expect(!other.stdout.contains("executing run 1"), "B executed a run A holds")
+        #expect(try await store.run(id: 1)?.status == .parked)
+    }
+
     @Test(.enabled(if: available))
     func anIncarnationsRunsAreReleasedAsSoonAsItIsGoneAndNotWhileItLives() async throws {
         let folder = try TemporaryDirectory()

@@ -118,6 +118,14 @@ public final class PostgresServer: Sendable {
         return server
     }
 
+    /// Restarts the server as an operator's `pg_ctl restart` does: every client's connection is
+    /// ended (`-m fast`), and the server listens again, on the same socket, once this returns.
+    public func restart() async throws {
+        try await run(
+            "pg_ctl",
+            ["-D", folder.path("data"), "-l", folder.path("server.log"), "-m", "fast", "-w", "-t", "60", "restart"])
+    }
+
     /// Runs `sql` with psql in `database`, stopping at the first error; returns its unaligned
     /// output without headers (one row per line, columns separated by `|`).
     @discardableResult
