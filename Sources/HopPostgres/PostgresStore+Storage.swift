@@ -384,8 +384,11 @@ extension PostgresStore: HopStorage {
         return try await transaction("renew leases") { tx in
             Set(
                 try await tx.query(
-                    "UPDATE runs SET lease_expires_at = $3 WHERE id = ANY($1) AND owner = $2 AND status = 'running' RETURNING id",
-                    [.ints(runIDs), .text(owner), .int(Clock.milliseconds(until))]
+                    """
+                    UPDATE runs SET lease_expires_at = \(PostgresStore.serverNow) + $3
+                    WHERE id = ANY($1) AND owner = $2 AND status = 'running' RETURNING id
+                    """,
+                    [.ints(runIDs), .text(owner), .int(PostgresStore.leaseLength(until: until))]
                 ) { try $0.int64(0) })
         }
     }
@@ -443,11 +446,11 @@ extension PostgresStore: HopStorage {
             runs += try await read(
                 """
                 SELECT \(RunRecord.pgColumns) FROM runs
-                WHERE status = 'running' AND flow = $1 AND (owner IS NULL OR lease_expires_at < $2)
-                    AND flow_version = ANY($3)
-                ORDER BY id LIMIT $4
+                WHERE status = 'running' AND flow = $1 AND (owner IS NULL OR lease_expires_at < \(PostgresStore.serverNow))
+                    AND flow_version = ANY($2)
+                ORDER BY id LIMIT $3
                 """,
-                [.text(flow), .int(Clock.milliseconds(now)), .texts(flowVersions), .int(Int64(max(0, limit)))],
+                [.text(flow), .texts(flowVersions), .int(Int64(max(0, limit)))],
                 operation: "list runs to resume of \(flow)", RunRecord.init(pg:))
         }
         return Array(runs.sorted { $0.id < $1.id }.prefix(limit))
@@ -655,19 +658,19 @@ extension PostgresTransaction {
     func claim(
         _ selection: String, _ selected: PostgresValue, owner: String, until: Date, skipLocked: Bool
     ) async throws -> [RunRecord] {
-        let now = Clock.nowMilliseconds()
         let claimed = try await query(
             """
             WITH free AS (
                 SELECT id, last_owner FROM runs
-                WHERE \(selection) AND status = 'running' AND (owner IS NULL OR owner = $2 OR lease_expires_at < $3)
+                WHERE \(selection) AND status = 'running'
+                    AND (owner IS NULL OR owner = $2 OR lease_expires_at < \(PostgresStore.serverNow))
                 ORDER BY id FOR UPDATE\(skipLocked ? " SKIP LOCKED" : "")
             )
-            UPDATE runs SET owner = $2, last_owner = $2, lease_expires_at = $4
+            UPDATE runs SET owner = $2, last_owner = $2, lease_expires_at = \(PostgresStore.serverNow) + $3
             FROM free WHERE runs.id = free.id
             RETURNING \(RunRecord.pgQualifiedColumns), free.last_owner
             """,
-            [selected, .text(owner), .int(now), .int(Clock.milliseconds(until))]
+            [selected, .text(owner), .int(PostgresStore.leaseLength(until: until))]
         ) { (try RunRecord(pg: $0), try $0.optionalText(13)) }
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]

@@ -38,6 +38,17 @@ public final class PostgresStore: Sendable {
     /// The channel of change notifications.
     static let channel = "hop_changes"
 
+    /// The server's clock, in milliseconds since the Unix epoch, as SQL. Leases are written and
+    /// judged by it: the machines of a fleet need not agree on the time. (By the engines' own
+    /// clocks, an engine whose clock was behind by more than a lease had every run it held
+    /// taken over by the others while it went on executing them, and one whose clock was ahead
+    /// kept its runs that long after it froze.)
+    static let serverNow = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+
+    /// How long a lease that ends at `until` by this process's clock lasts from now, in
+    /// milliseconds: the length the server adds to its own clock (``serverNow``).
+    static func leaseLength(until: Date) -> Int64 { Clock.milliseconds(until) - Clock.nowMilliseconds() }
+
     private init(
         url: PostgresURL, client: PostgresClient, running: Task<Void, Never>, changes: ChangeListener,
         instance: String, schemaVersion: Int, logger: Logger
@@ -115,7 +126,9 @@ public final class PostgresStore: Sendable {
     // MARK: Statements
 
     /// Runs `body` in one transaction (`BEGIN` … `COMMIT`, rolled back when it throws), again
-    /// from the start when the server broke a deadlock by aborting it.
+    /// from the start when the server broke a deadlock by aborting it, or when the connection
+    /// was lost before `COMMIT` was sent (``isConnectionLost(_:)``: nothing of it was committed).
+    /// A connection lost while committing is an error: whether the commit took is unknown.
     @discardableResult
     func transaction<Result: Sendable>(
         _ operation: String, _ body: @Sendable (PostgresTransaction) async throws -> Result
@@ -131,7 +144,11 @@ public final class PostgresStore: Sendable {
                 }
             } catch {
                 let cause = Self.cause(of: error)
-                if attempt < 5, let failure = cause as? PSQLError, Self.isRetryable(failure) { continue }
+                if attempt < Self.attempts, let failure = cause as? PSQLError {
+                    if Self.isRetryable(failure) { continue }
+                    let committing = (error as? PostgresTransactionError)?.commitError != nil
+                    if !committing, Self.isConnectionLost(failure), await Self.pause(before: attempt + 1) { continue }
+                }
                 throw map(cause, operation: operation)
             }
         }
@@ -147,16 +164,47 @@ public final class PostgresStore: Sendable {
         }
     }
 
-    /// Runs one read statement outside a transaction.
+    /// Runs one read statement outside a transaction; again, on another connection, when the
+    /// connection was lost (``isConnectionLost(_:)``).
     func read<T: Sendable>(
         _ sql: String, _ values: [PostgresValue] = [], operation: String, _ decode: (Row) throws -> T
     ) async throws -> [T] {
-        do {
-            let rows = try await client.query(PostgresValue.query(sql, values), logger: Self.quiet).collect()
-            return try rows.map { try decode(Row($0)) }
-        } catch {
-            throw map(error, operation: operation)
+        var attempt = 0
+        while true {
+            attempt += 1
+            do {
+                let rows = try await client.query(PostgresValue.query(sql, values), logger: Self.quiet).collect()
+                return try rows.map { try decode(Row($0)) }
+            } catch {
+                if attempt < Self.attempts, let failure = error as? PSQLError, Self.isConnectionLost(failure),
+                    await Self.pause(before: attempt + 1)
+                {
+                    continue
+                }
+                throw map(error, operation: operation)
+            }
         }
+    }
+
+    /// How many times a statement or a transaction is tried before its error is the caller's.
+    static let attempts = 5
+
+    /// Whether `error` says the connection went before the statement was done, so the server did
+    /// nothing of it: the server restarted or ended the session (SQLSTATE class 57P: an
+    /// operator's `pg_ctl restart`, `pg_terminate_backend`, a failover), the pool handed out a
+    /// connection the server had just closed, or the server could not be reached while it
+    /// restarted. The statement runs again on another connection.
+    static func isConnectionLost(_ error: PSQLError) -> Bool {
+        if let state = error.serverInfo?[.sqlState] { return state.hasPrefix("57P") }
+        return error.code == .clientClosedConnection || error.code == .serverClosedConnection
+            || error.code == .connectionError
+    }
+
+    /// Waits before attempt `attempt` (the second waits 50 ms, then twice as long each time:
+    /// 0.75 s in all, about a restart of a server); `false` when the task was cancelled.
+    static func pause(before attempt: Int) async -> Bool {
+        let milliseconds = 50 << max(0, min(attempt - 2, 4))
+        return (try? await Task.sleep(for: .milliseconds(milliseconds))) != nil
     }
 
     /// The first row of a read statement, if any.

@@ -119,12 +119,12 @@ struct PostgresTransaction: Sendable {
             let run = try await queryOne(
                 """
                 INSERT INTO runs (flow, subject, flow_version, status, created_at, updated_at, owner, last_owner, lease_expires_at)
-                VALUES ($1, $2, $3, 'running', $4, $4, $5, $5, $6)
+                VALUES ($1, $2, $3, 'running', $4, $4, $5, $5, \(PostgresStore.serverNow) + $6)
                 RETURNING \(RunRecord.pgColumns)
                 """,
                 [
                     .text(flow), .text(subject), .text(version), .int(now), .optional(owner),
-                    .optional(until.map(Clock.milliseconds)),
+                    .optional(until.map(PostgresStore.leaseLength(until:))),
                 ], RunRecord.init(pg:))
         else {
             throw refuse(.postgres, operation, "the run was not inserted")

@@ -216,19 +216,25 @@ import Testing
     /// (Any open transaction is too wide a test there: the other engine's polls keep one open
     /// often enough that, on a loaded machine, the freezes tried meanwhile starved the owner
     /// past its lease before one was kept.)
-    private static func freeze(
+    static func freeze(
         _ process: ChildProcess, outsideItsTransactionsOn backend: TestBackend, _ folder: TemporaryDirectory
     ) async throws {
         guard backend.name == TestBackend.postgres.name else {
             return try await HopStoreTestSupport.freeze(process, betweenCommitsOn: folder.database)
         }
+        try await freeze(pid: process.processIdentifier, withoutALockOnRun1In: folder)
+    }
+
+    /// Freezes process `pid` (SIGSTOP) at a moment no transaction of its holds the row of run 1
+    /// in the PostgreSQL database of the test whose folder is `folder`.
+    static func freeze(pid: pid_t, withoutALockOnRun1In folder: TemporaryDirectory) async throws {
         try await waitUntil("the process is frozen without a lock on run 1", timeout: .seconds(30)) {
-            process.kill(SIGSTOP)
+            kill(pid, SIGSTOP)
             do {
                 try await TestDatabases.shared.psql("SELECT id FROM runs WHERE id = 1 FOR UPDATE NOWAIT", in: folder)
                 return true
             } catch {
-                process.kill(SIGCONT)
+                kill(pid, SIGCONT)
                 return false
             }
         }

@@ -127,6 +127,8 @@ import Testing
 
         try await server.restart()
         try await waitUntil("A holds its liveness lock again, on a new connection", timeout: .seconds(30)) {
+            // A read of the daemon's own (it follows its run) that failed would have ended it.
+            if owner.exitStatus != nil { throw TestFailure("A exited: \(owner.stderr)") }
             let now = (try? await holders()) ?? []
             return now.count == 1 && now != before
         }
@@ -146,6 +148,100 @@ import Testing
         #expect(bodyLines(in: folder).filter { $0 == "1 splash" }.count == 1, "the splash ran again")
         #expect(!other.stdout.contains("executing run 1"), "B executed a run A holds")
         #expect(try await store.run(id: 1)?.status == .parked)
+    }
+
+    /// `hop-test-daemon` labelled `label`, run by `faketime` (installed by script/setup) with a
+    /// clock `offset` off the machine's (the monotonic clock left alone), and the daemon's pid:
+    /// faketime runs it as a child of its own. Kill it with ``stop(_:)``.
+    static func daemon(
+        _ label: String, clockOff offset: String, lease: Int, url: String, in folder: TemporaryDirectory,
+        environment: [String: String] = [:]
+    ) async throws -> (wrapper: ChildProcess, daemon: pid_t) {
+        let faketime = (ProcessInfo.processInfo.environment["PATH"] ?? "").split(separator: ":")
+            .map { "\($0)/faketime" }.first { FileManager.default.isExecutableFile(atPath: $0) }
+        guard let faketime else { throw TestFailure("faketime is not installed: run script/setup") }
+        let wrapper = try ChildProcess(
+            faketime,
+            [
+                "-f", offset, builtProduct("hop-test-daemon"), "--db", url, "--files", folder.database, "--external",
+                "--engine-id", label, "--lease", "\(lease)",
+            ],
+            environment: environment.merging(["DONT_FAKE_MONOTONIC": "1"]) { $1 }, directory: folder)
+        var daemon: pid_t?
+        do {
+            try await waitUntil("faketime starts the daemon") {
+                let id = wrapper.processIdentifier
+                let children = try? String(contentsOfFile: "/proc/\(id)/task/\(id)/children", encoding: .utf8)
+                daemon = children?.split(separator: " ").first.flatMap { pid_t($0) }
+                return daemon != nil
+            }
+        } catch {
+            wrapper.kill()
+            throw error
+        }
+        guard let daemon else { throw TestFailure("faketime started no daemon") }
+        return (wrapper, daemon)
+    }
+
+    /// Kills a daemon that faketime runs, and faketime.
+    static func stop(_ process: (wrapper: ChildProcess, daemon: pid_t)) {
+        kill(process.daemon, SIGCONT)
+        kill(process.daemon, SIGKILL)
+        process.wrapper.kill()
+    }
+
+    /// The machines of a fleet need not agree on the time: a lease is measured by the server's
+    /// clock. Before, an engine wrote its leases' ends by its own clock and another compared them
+    /// with its own, so an engine whose clock was behind by more than a lease (a machine booted
+    /// before its clock was set) had every run it held taken over by the others while it went on
+    /// executing them.
+    @Test(.enabled(if: available))
+    func anEngineWhoseClockIsBehindTheOthersKeepsItsRuns() async throws {
+        let folder = try TemporaryDirectory()
+        let url = try await TestBackend.postgres.location(folder)
+        let owner = try await Self.daemon(
+            "A", clockOff: "-120s", lease: 60, url: url, in: folder, environment: ["HOP_TEST_SLOW_SPLASH": "1"])
+        defer { Self.stop(owner) }
+        try await owner.wrapper.waitForOutput("point after:hop:splash")
+        let other = try Self.daemon("B", url: url, in: folder)
+        defer { other.kill() }
+        try await other.waitForOutput("ready")  // B has looked for runs whose lease expired, and claimed them
+        let store = try await PostgresStore.open(url: url)
+        defer { Task { await store.close() } }
+        let run = try #require(try await store.run(id: 1))
+        #expect(run.ownerLabel == "A")
+        #expect(!other.stdout.contains("executing run 1"), "B executed a run A holds")
+        #expect(try await store.history(runID: 1).allSatisfy { $0.kind != .takeover })
+        // Written by the server's clock: a minute from now by this machine's, not from A's.
+        #expect(
+            (run.leaseExpiresAt?.timeIntervalSinceNow ?? 0) > 30, "A's lease: \(String(describing: run.leaseExpiresAt))"
+        )
+    }
+
+    /// The other way round: an engine whose clock is ahead, frozen, has its runs taken over once
+    /// its lease has run out by the server's clock, not its own. Before, its runs stayed stuck for
+    /// as long as its clock was ahead.
+    @Test(.enabled(if: available))
+    func aFrozenEngineWhoseClockIsAheadHasItsRunsTakenOverWhenItsLeaseRunsOut() async throws {
+        let folder = try TemporaryDirectory()
+        let url = try await TestBackend.postgres.location(folder)
+        // A lease of 8 s, as in the frozen-owner tests: renewed often enough on a loaded machine.
+        let owner = try await Self.daemon(
+            "A", clockOff: "+120s", lease: 8, url: url, in: folder, environment: ["HOP_TEST_SLOW_SPLASH": "1"])
+        defer { Self.stop(owner) }
+        try await owner.wrapper.waitForOutput("point after:hop:splash")
+        try await OwnershipProcessTests.freeze(pid: owner.daemon, withoutALockOnRun1In: folder)
+        let frozen = ContinuousClock.now
+        let other = try ChildProcess(
+            "hop-test-daemon",
+            ["--db", url, "--files", folder.database, "--external", "--engine-id", "B", "--lease", "8"],
+            directory: folder)
+        defer { other.kill() }
+        try await other.waitForOutput("executing run 1 replaying 1", timeout: .seconds(40))
+        #expect(ContinuousClock.now - frozen < .seconds(40))
+        let store = try await PostgresStore.open(url: url)
+        defer { Task { await store.close() } }
+        #expect(try await store.history(runID: 1).contains { $0.kind == .takeover && $0.step == "B" })
     }
 
     @Test(.enabled(if: available))

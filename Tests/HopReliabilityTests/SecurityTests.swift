@@ -104,6 +104,7 @@ import Testing
             // PostgreSQL's store: its column lists and constant lists, and constant clauses.
             "RunRecord.pgColumns", "RunRecord.pgQualifiedColumns", "HistoryEntry.pgColumns", "RunStatus.pgUnfinished",
             "HistoryKind.pgStepEnds", #"skipLocked ? " SKIP LOCKED" : """#, #"locking ? " FOR UPDATE" : """#,
+            "PostgresStore.serverNow",  // the server's clock, by which leases are measured
         ]
         let sql = try Regex(#"\b(SELECT|INSERT|UPDATE|DELETE|PRAGMA|CREATE|ALTER|DROP|VALUES|WHERE)\b"#)
         var checked = 0

@@ -113,6 +113,10 @@ package protocol HopStorage: Sendable {
     func statuses(of runIDs: [Int64]) async throws -> [Int64: (status: RunStatus, owner: String?)]
 
     // MARK: Ownership
+    //
+    // A lease ends at `until` by this process's clock. A server shared by a fleet measures leases
+    // by its own clock instead (the lease lasts from now to `until`, and `now` is the server's):
+    // its engines' machines need not agree on the time.
 
     /// Takes the run for `owner` until `until` unless another incarnation holds a live lease on it.
     func claim(runID: Int64, owner: String, until: Date) async throws -> RunRecord?
