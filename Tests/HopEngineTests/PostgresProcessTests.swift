@@ -10,15 +10,15 @@ import Testing
     /// Whether the PostgreSQL backend runs here (`TestBackend.all` said why when it does not).
     static var available: Bool { TestBackend.all.contains { $0.name == "postgres" } }
 
-    /// A test daemon labelled `label` on database `url`, with leases of a minute: a takeover
-    /// within seconds is the liveness lock's doing, not an expiry's. With `slowSplash`, its
-    /// splash runs until cancelled.
+    /// A test daemon labelled `label` on database `url`, with leases of a minute unless told
+    /// otherwise: a takeover within seconds is the liveness lock's doing, not an expiry's. With
+    /// `slowSplash`, its splash runs until cancelled.
     static func daemon(
-        _ label: String, url: String, in folder: TemporaryDirectory, slowSplash: Bool = false
+        _ label: String, url: String, in folder: TemporaryDirectory, slowSplash: Bool = false, lease: Int = 60
     ) throws -> ChildProcess {
         try ChildProcess(
             "hop-test-daemon",
-            ["--db", url, "--files", folder.database, "--external", "--engine-id", label, "--lease", "60"],
+            ["--db", url, "--files", folder.database, "--external", "--engine-id", label, "--lease", "\(lease)"],
             environment: slowSplash ? ["HOP_TEST_SLOW_SPLASH": "1"] : [:], directory: folder)
     }
 
@@ -232,10 +232,7 @@ import Testing
         try await owner.wrapper.waitForOutput("point after:hop:splash")
         try await OwnershipProcessTests.freeze(pid: owner.daemon, withoutALockOnRun1In: folder)
         let frozen = ContinuousClock.now
-        let other = try ChildProcess(
-            "hop-test-daemon",
-            ["--db", url, "--files", folder.database, "--external", "--engine-id", "B", "--lease", "8"],
-            directory: folder)
+        let other = try Self.daemon("B", url: url, in: folder, lease: 8)
         defer { other.kill() }
         try await other.waitForOutput("executing run 1 replaying 1", timeout: .seconds(40))
         #expect(ContinuousClock.now - frozen < .seconds(40))
