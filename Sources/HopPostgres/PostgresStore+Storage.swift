@@ -388,7 +388,7 @@ extension PostgresStore: HopStorage {
                     UPDATE runs SET lease_expires_at = \(PostgresStore.serverNow) + $3
                     WHERE id = ANY($1) AND owner = $2 AND status = 'running' RETURNING id
                     """,
-                    [.ints(runIDs), .text(owner), .int(PostgresStore.leaseLength(until: until))]
+                    [.ints(runIDs), .text(owner), .int(leaseLength(until: until))]
                 ) { try $0.int64(0) })
         }
     }
@@ -479,7 +479,7 @@ extension PostgresStore: HopStorage {
         try await transaction("mark \(feature) used") { tx in
             try await tx.run(
                 "INSERT INTO first_use (subject, feature, used_at) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
-                [.text(subject), .text(feature), .int(Clock.nowMilliseconds())])
+                [.text(subject), .text(feature), .int(Clock.milliseconds(now()))])
         }
     }
 
@@ -487,7 +487,7 @@ extension PostgresStore: HopStorage {
         try validate(subject, as: "subject")
         return try await readOne(
             "SELECT user_id, token, created_at, expires_at FROM sessions WHERE subject = $1 AND (expires_at IS NULL OR expires_at > $2)",
-            [.text(subject), .int(Clock.nowMilliseconds())], operation: "read session of \(subject)",
+            [.text(subject), .int(Clock.milliseconds(now()))], operation: "read session of \(subject)",
             StoredSession.decoder(subject: subject))
     }
 
@@ -496,7 +496,7 @@ extension PostgresStore: HopStorage {
     {
         try validate(subject, as: "subject")
         try validate(userID, as: "user id")
-        try StorageRules(location: location).checkSession(token: token, expiresAt: expiresAt)
+        try StorageRules(location: location).checkSession(token: token, expiresAt: expiresAt, now: now())
         let operation = "store session of \(subject)"
         return try await transaction(operation) { tx in
             try await tx.run(
@@ -506,7 +506,7 @@ extension PostgresStore: HopStorage {
                     created_at = EXCLUDED.created_at, expires_at = EXCLUDED.expires_at
                 """,
                 [
-                    .text(subject), .text(userID), .text(token), .int(Clock.nowMilliseconds()),
+                    .text(subject), .text(userID), .text(token), .int(Clock.milliseconds(now())),
                     .optional(expiresAt.map(Clock.milliseconds)),
                 ])
             let unhopped = try await tx.unhopLoginSteps(subject: subject, userID: userID, operation: operation)
@@ -570,7 +570,7 @@ extension PostgresStore: HopStorage {
                 """
                 INSERT INTO facts (subject, key, value, updated_at) VALUES ($1, $2, $3, $4)
                 ON CONFLICT (subject, key) DO UPDATE SET value = EXCLUDED.value, updated_at = EXCLUDED.updated_at
-                """, [.text(subject), .text(key), .text(value), .int(Clock.nowMilliseconds())])
+                """, [.text(subject), .text(key), .text(value), .int(Clock.milliseconds(now()))])
         }
     }
 }
@@ -600,7 +600,7 @@ extension PostgresTransaction {
             let run = try await requireRunning(runID, owner: owner, operation: operation)
             try await self.run(
                 "INSERT INTO first_use (subject, feature, used_at) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
-                [.text(run.subject), .text(feature), .int(Clock.nowMilliseconds())])
+                [.text(run.subject), .text(feature), .int(Clock.milliseconds(store.now()))])
             return try await append(runID: runID, .effect, step: markUsedEffectName(feature))
         case .complete:
             _ = try await requireRunning(runID, owner: owner, operation: operation)
@@ -637,7 +637,7 @@ extension PostgresTransaction {
                 .int(runID), .text(step), .text(token),
                 .text(parks ? RunStatus.parked.rawValue : RunStatus.running.rawValue),
                 .optional(parks ? wakeOn?.rawValue : nil), .optional(parks ? deadline.map(Clock.milliseconds) : nil),
-                .bool(parks), .int(Clock.nowMilliseconds()),
+                .bool(parks), .int(Clock.milliseconds(store.now())),
             ])
         if parks, let wakeOn {
             let stored = try await session(subject: run.subject)
@@ -670,7 +670,7 @@ extension PostgresTransaction {
             FROM free WHERE runs.id = free.id
             RETURNING \(RunRecord.pgQualifiedColumns), free.last_owner
             """,
-            [selected, .text(owner), .int(PostgresStore.leaseLength(until: until))]
+            [selected, .text(owner), .int(store.leaseLength(until: until))]
         ) { (try RunRecord(pg: $0), try $0.optionalText(13)) }
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]

@@ -34,6 +34,8 @@ public final class PostgresStore: Sendable {
     let changes: ChangeListener
     /// The liveness locks of the incarnations made here, by owner value.
     let locks = Mutex<[String: WeakLock]>([:])
+    /// The server's clock, as seen from here.
+    let clock: ServerClock
 
     /// The channel of change notifications.
     static let channel = "hop_changes"
@@ -45,15 +47,21 @@ public final class PostgresStore: Sendable {
     /// kept its runs that long after it froze.)
     static let serverNow = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 
-    /// How long a lease that ends at `until` by this process's clock lasts from now, in
-    /// milliseconds: the length the server adds to its own clock (``serverNow``).
-    static func leaseLength(until: Date) -> Int64 { Clock.milliseconds(until) - Clock.nowMilliseconds() }
+    /// How long a lease that ends at `until` (by ``now()``) lasts from now, in milliseconds: the
+    /// length the server adds to its own clock (``serverNow``).
+    func leaseLength(until: Date) -> Int64 { Clock.milliseconds(until) - Clock.milliseconds(now()) }
+
+    /// The server's clock as this process last measured it (``ServerClock``): the time by which
+    /// deadlines, step timeouts and session expiry are judged and records are dated, whatever
+    /// this machine's clock says.
+    package func now() -> Date { clock.now() }
 
     private init(
         url: PostgresURL, client: PostgresClient, running: Task<Void, Never>, changes: ChangeListener,
-        instance: String, schemaVersion: Int, logger: Logger
+        instance: String, schemaVersion: Int, clock: ServerClock, logger: Logger
     ) {
         self.url = url
+        self.clock = clock
         self.instance = instance
         self.client = client
         self.running = running
@@ -99,10 +107,20 @@ public final class PostgresStore: Sendable {
             }
             let version = try await PostgresMigrator(client: client, location: url.redacted, logger: quiet)
                 .run(migrate: migrate)
-            logger.debug("opened Hop database", metadata: ["hop.schema": "\(version)"])
+            let clock = ServerClock(client: client)
+            do {
+                try await clock.start()
+            } catch {
+                throw map(error, operation: "read the server's clock", location: url.redacted)
+            }
+            logger.debug(
+                "opened Hop database",
+                metadata: [
+                    "hop.schema": "\(version)", "hop.clock_offset_ms": "\(Int((clock.offset * 1000).rounded()))",
+                ])
             return PostgresStore(
                 url: url, client: client, running: running, changes: changes, instance: instance,
-                schemaVersion: version, logger: logger)
+                schemaVersion: version, clock: clock, logger: logger)
         } catch {
             changes.stop()
             running.cancel()

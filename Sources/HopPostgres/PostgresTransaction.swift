@@ -114,7 +114,7 @@ struct PostgresTransaction: Sendable {
     func insertRun(
         flow: String, subject: String, version: String, owner: String? = nil, until: Date? = nil
     ) async throws -> RunRecord {
-        let now = Clock.nowMilliseconds()
+        let now = Clock.milliseconds(store.now())
         guard
             let run = try await queryOne(
                 """
@@ -124,7 +124,7 @@ struct PostgresTransaction: Sendable {
                 """,
                 [
                     .text(flow), .text(subject), .text(version), .int(now), .optional(owner),
-                    .optional(until.map(PostgresStore.leaseLength(until:))),
+                    .optional(until.map(store.leaseLength(until:))),
                 ], RunRecord.init(pg:))
         else {
             throw refuse(.postgres, operation, "the run was not inserted")
@@ -139,7 +139,7 @@ struct PostgresTransaction: Sendable {
             UPDATE runs SET status = $2, current_token = NULL, wake_on = NULL, wake_at = NULL, owner = NULL,
                 lease_expires_at = NULL, updated_at = $3
             WHERE id = $1
-            """, [.int(runID), .text(status.rawValue), .int(Clock.nowMilliseconds())])
+            """, [.int(runID), .text(status.rawValue), .int(Clock.milliseconds(store.now()))])
     }
 
     // MARK: History
@@ -151,7 +151,7 @@ struct PostgresTransaction: Sendable {
         runID: Int64, _ kind: HistoryKind, step: String? = nil, token: String? = nil, value: String? = nil,
         touchesRun: Bool = true
     ) async throws -> HistoryEntry {
-        let now = Clock.nowMilliseconds()
+        let now = Clock.milliseconds(store.now())
         guard
             let seq = try await queryOne(
                 """
@@ -193,7 +193,7 @@ struct PostgresTransaction: Sendable {
             UPDATE runs SET current_step = NULL, current_token = NULL, wake_on = NULL, wake_at = NULL, status = 'running',
                 updated_at = $2
             WHERE id = $1
-            """, [.int(run.id), .int(Clock.nowMilliseconds())])
+            """, [.int(run.id), .int(Clock.milliseconds(store.now()))])
         return event
     }
 
@@ -203,7 +203,7 @@ struct PostgresTransaction: Sendable {
     func session(subject: String) async throws -> StoredSession? {
         try await queryOne(
             "SELECT user_id, token, created_at, expires_at FROM sessions WHERE subject = $1 AND (expires_at IS NULL OR expires_at > $2)",
-            [.text(subject), .int(Clock.nowMilliseconds())], StoredSession.decoder(subject: subject))
+            [.text(subject), .int(Clock.milliseconds(store.now()))], StoredSession.decoder(subject: subject))
     }
 
     /// Unhops the parked steps of `subject` that wait for a session, with `{"userID": …}`.

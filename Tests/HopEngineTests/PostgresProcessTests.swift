@@ -10,32 +10,20 @@ import Testing
     /// Whether the PostgreSQL backend runs here (`TestBackend.all` said why when it does not).
     static var available: Bool { TestBackend.all.contains { $0.name == "postgres" } }
 
-    /// The `faketime` command (libfaketime, installed by script/setup), if it is on `PATH`.
-    static let faketime = (ProcessInfo.processInfo.environment["PATH"] ?? "").split(separator: ":")
-        .map { "\($0)/faketime" }.first { FileManager.default.isExecutableFile(atPath: $0) }
-
-    /// Whether the tests of engines whose clocks are off run: where PostgreSQL runs and faketime
-    /// is installed, and always in CI (`CI=true`), where a missing faketime fails them.
-    static var clocksCanBeSetOff: Bool {
-        guard available else { return false }
-        if faketime != nil || PostgresServer.isCI { return true }
-        FileHandle.standardError.write(
-            Data(
-                "skipping the tests of engines whose clocks are off: faketime is not installed (run script/setup)\n"
-                    .utf8))
-        return false
-    }
-
     /// A test daemon labelled `label` on database `url`, with leases of a minute unless told
     /// otherwise: a takeover within seconds is the liveness lock's doing, not an expiry's. With
-    /// `slowSplash`, its splash runs until cancelled.
+    /// `slowSplash`, its splash runs until cancelled; `arguments` are the daemon's (`--external`
+    /// by default), and with `keepInputOpen` its standard input stays open (`--mixed` serves
+    /// until it closes).
     static func daemon(
-        _ label: String, url: String, in folder: TemporaryDirectory, slowSplash: Bool = false, lease: Int = 60
+        _ label: String, url: String, in folder: TemporaryDirectory, slowSplash: Bool = false, lease: Int = 60,
+        arguments: [String] = ["--external"], keepInputOpen: Bool = false
     ) throws -> ChildProcess {
         try ChildProcess(
             "hop-test-daemon",
-            ["--db", url, "--files", folder.database, "--external", "--engine-id", label, "--lease", "\(lease)"],
-            environment: slowSplash ? ["HOP_TEST_SLOW_SPLASH": "1"] : [:], directory: folder)
+            ["--db", url, "--files", folder.database, "--engine-id", label, "--lease", "\(lease)"] + arguments,
+            environment: slowSplash ? ["HOP_TEST_SLOW_SPLASH": "1"] : [:], keepInputOpen: keepInputOpen,
+            directory: folder)
     }
 
     @Test(.enabled(if: available))
@@ -166,42 +154,18 @@ import Testing
         #expect(try await store.run(id: 1)?.status == .parked)
     }
 
-    /// `hop-test-daemon` labelled `label`, run by `faketime` (installed by script/setup) with a
-    /// clock `offset` off the machine's (the monotonic clock left alone), and the daemon's pid:
-    /// faketime runs it as a child of its own. Kill it with ``stop(_:)``.
+    /// `hop-test-daemon` labelled `label` whose wall clock is `seconds` off this machine's
+    /// (``ClockSkew``; its monotonic clock left alone). `arguments` and `keepInputOpen` as for
+    /// ``daemon(_:url:in:slowSplash:lease:arguments:keepInputOpen:)``.
     static func daemon(
-        _ label: String, clockOff offset: String, lease: Int, url: String, in folder: TemporaryDirectory,
-        environment: [String: String] = [:]
-    ) async throws -> (wrapper: ChildProcess, daemon: pid_t) {
-        guard let faketime else { throw TestFailure("faketime is not installed: run script/setup") }
-        let wrapper = try ChildProcess(
-            faketime,
-            [
-                "-f", offset, builtProduct("hop-test-daemon"), "--db", url, "--files", folder.database, "--external",
-                "--engine-id", label, "--lease", "\(lease)",
-            ],
-            environment: environment.merging(["DONT_FAKE_MONOTONIC": "1"]) { $1 }, directory: folder)
-        var daemon: pid_t?
-        do {
-            try await waitUntil("faketime starts the daemon") {
-                let id = wrapper.processIdentifier
-                let children = try? String(contentsOfFile: "/proc/\(id)/task/\(id)/children", encoding: .utf8)
-                daemon = children?.split(separator: " ").first.flatMap { pid_t($0) }
-                return daemon != nil
-            }
-        } catch {
-            wrapper.kill()
-            throw error
-        }
-        guard let daemon else { throw TestFailure("faketime started no daemon") }
-        return (wrapper, daemon)
-    }
-
-    /// Kills a daemon that faketime runs, and faketime.
-    static func stop(_ process: (wrapper: ChildProcess, daemon: pid_t)) {
-        kill(process.daemon, SIGCONT)
-        kill(process.daemon, SIGKILL)
-        process.wrapper.kill()
+        _ label: String, clockOff seconds: Int, lease: Int, url: String, in folder: TemporaryDirectory,
+        environment: [String: String] = [:], arguments: [String] = ["--external"], keepInputOpen: Bool = false
+    ) async throws -> ChildProcess {
+        try ChildProcess(
+            "hop-test-daemon",
+            ["--db", url, "--files", folder.database, "--engine-id", label, "--lease", "\(lease)"] + arguments,
+            environment: environment.merging(try await ClockSkew.environment(offBy: seconds, in: folder)) { $1 },
+            keepInputOpen: keepInputOpen, directory: folder)
     }
 
     /// The machines of a fleet need not agree on the time: a lease is measured by the server's
@@ -209,14 +173,14 @@ import Testing
     /// with its own, so an engine whose clock was behind by more than a lease (a machine booted
     /// before its clock was set) had every run it held taken over by the others while it went on
     /// executing them.
-    @Test(.enabled(if: clocksCanBeSetOff))
+    @Test(.enabled(if: available))
     func anEngineWhoseClockIsBehindTheOthersKeepsItsRuns() async throws {
         let folder = try TemporaryDirectory()
         let url = try await TestBackend.postgres.location(folder)
         let owner = try await Self.daemon(
-            "A", clockOff: "-120s", lease: 60, url: url, in: folder, environment: ["HOP_TEST_SLOW_SPLASH": "1"])
-        defer { Self.stop(owner) }
-        try await owner.wrapper.waitForOutput("point after:hop:splash")
+            "A", clockOff: -120, lease: 60, url: url, in: folder, environment: ["HOP_TEST_SLOW_SPLASH": "1"])
+        defer { owner.kill() }
+        try await owner.waitForOutput("point after:hop:splash")
         let other = try Self.daemon("B", url: url, in: folder)
         defer { other.kill() }
         try await other.waitForOutput("ready")  // B has looked for runs whose lease expired, and claimed them
@@ -235,16 +199,16 @@ import Testing
     /// The other way round: an engine whose clock is ahead, frozen, has its runs taken over once
     /// its lease has run out by the server's clock, not its own. Before, its runs stayed stuck for
     /// as long as its clock was ahead.
-    @Test(.enabled(if: clocksCanBeSetOff))
+    @Test(.enabled(if: available))
     func aFrozenEngineWhoseClockIsAheadHasItsRunsTakenOverWhenItsLeaseRunsOut() async throws {
         let folder = try TemporaryDirectory()
         let url = try await TestBackend.postgres.location(folder)
         // A lease of 8 s, as in the frozen-owner tests: renewed often enough on a loaded machine.
         let owner = try await Self.daemon(
-            "A", clockOff: "+120s", lease: 8, url: url, in: folder, environment: ["HOP_TEST_SLOW_SPLASH": "1"])
-        defer { Self.stop(owner) }
-        try await owner.wrapper.waitForOutput("point after:hop:splash")
-        try await OwnershipProcessTests.freeze(pid: owner.daemon, withoutALockOnRun1In: folder)
+            "A", clockOff: 120, lease: 8, url: url, in: folder, environment: ["HOP_TEST_SLOW_SPLASH": "1"])
+        defer { owner.kill() }
+        try await owner.waitForOutput("point after:hop:splash")
+        try await OwnershipProcessTests.freeze(pid: owner.processIdentifier, withoutALockOnRun1In: folder)
         let frozen = ContinuousClock.now
         let other = try Self.daemon("B", url: url, in: folder, lease: 8)
         defer { other.kill() }

@@ -99,7 +99,7 @@ extension HopEngine: Service {
         while !Task.isCancelled {
             do {
                 let pruning = Pruning(
-                    finishedBefore: Date().addingTimeInterval(-retention.finishedAfter.timeInterval),
+                    finishedBefore: storage.now().addingTimeInterval(-retention.finishedAfter.timeInterval),
                     flow: retention.flow,
                     keepLast: retention.keepLast)
                 let report = try await storage.prune(pruning, dryRun: false)
@@ -130,7 +130,7 @@ extension HopEngine: Service {
 
     /// Ends the parked steps whose deadline passed, exactly once each, and moves their runs on.
     private func timeOutDueSteps() async throws {
-        for run in try await storage.dueTimeouts(now: Date())
+        for run in try await storage.dueTimeouts(now: storage.now())
         where environment.flow(named: run.flow, version: run.flowVersion) != nil {
             guard let token = run.currentToken else { continue }
             do {
@@ -147,7 +147,7 @@ extension HopEngine: Service {
     /// Removes the sessions whose expiry has come and moves on the runs whose step lasted only
     /// while a session was stored (re-routed, as by a logout).
     private func expireSessions() async throws {
-        for runID in try await storage.expireSessions(now: Date()) {
+        for runID in try await storage.expireSessions(now: storage.now()) {
             if let run = try await storage.run(id: runID) {
                 logger.info(
                     "session expired; its step is re-routed", metadata: environment.metadata(run, step: run.currentStep)

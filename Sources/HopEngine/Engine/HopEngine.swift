@@ -235,6 +235,12 @@ public actor HopEngine {
         return run
     }
 
+    /// The time by the database's clock: this machine's for a file, the server's (as last
+    /// measured) for PostgreSQL. Deadlines, step timeouts and session expiry are judged by it;
+    /// compute a session's `expiresAt` from it (`engine.now().addingTimeInterval(3600)`) so that
+    /// a machine whose clock is off does not store a session that expires early or late.
+    public nonisolated func now() -> Date { storage.now() }
+
     /// Stores the session of `subject` and moves on the subject's runs parked on a step that
     /// waits for a login (``ExternalStep/external(unhopWhen:)`` with `.sessionStored`).
     ///

@@ -27,7 +27,8 @@ extension HopEngine {
             claimableLeft = true
             return 0
         }
-        let candidates = try await storage.claimableRuns(versions: environment.flowVersions, now: Date(), limit: free)
+        let candidates = try await storage.claimableRuns(
+            versions: environment.flowVersions, now: storage.now(), limit: free)
         if candidates.count == free { claimableLeft = true }
         var resumed = 0
         // In batches: one transaction claims a batch, one statement reads its histories, and

@@ -47,7 +47,7 @@ final class ExecutionEnvironment: Sendable {
 
     /// When this engine's lease on a run taken now ends.
     var leaseEnd: Date {
-        Date().addingTimeInterval(configuration.leaseDuration.timeInterval)
+        storage.now().addingTimeInterval(configuration.leaseDuration.timeInterval)
     }
 
     func notify(_ event: EngineEvent) { configuration.observer?(event) }

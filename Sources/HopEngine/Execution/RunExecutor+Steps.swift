@@ -154,13 +154,13 @@ extension RunExecutor {
     private func runStep(
         _ factory: @escaping @Sendable () -> any HopStep, _ context: StepContext, racing deadline: Date
     ) async throws -> Bool {
-        try await withThrowingTaskGroup(of: Bool.self) { group in
+        let wait = deadline.timeIntervalSince(storage.now())  // the deadline is by the storage's clock
+        return try await withThrowingTaskGroup(of: Bool.self) { group in
             group.addTask(executorPreference: poolPreference) {
                 try await factory().run(context)
                 return true
             }
             group.addTask {
-                let wait = deadline.timeIntervalSinceNow
                 if wait > 0 { try await Task.sleep(for: RunExecutor.sleepDuration(seconds: wait)) }
                 return false
             }

@@ -141,7 +141,7 @@ final class RunExecutor: FlowExecution {
             try await onThePool { try await hook(transition) }
         }
         let (parks, wakeOn) = try hopKind(of: step)
-        let deadline = timeout.map { Date().addingTimeInterval($0.timeInterval) }
+        let deadline = timeout.map { storage.now().addingTimeInterval($0.timeInterval) }
         // Parking gives the run up: from its commit on, no engine holds it, which is no loss.
         if parks { environment.holdings.withLock { _ = $0.held.remove(run.id) } }
         let recordedFrom = hook == nil ? nil : from
@@ -172,10 +172,10 @@ final class RunExecutor: FlowExecution {
         {
             deadline = Date(timeIntervalSince1970: Double(milliseconds) / 1000)
         } else {
-            deadline = Date().addingTimeInterval(duration.timeInterval)
+            deadline = storage.now().addingTimeInterval(duration.timeInterval)
             try await record(.timer(name: name, deadline: deadline), durability: .now)
         }
-        let wait = deadline.timeIntervalSinceNow
+        let wait = deadline.timeIntervalSince(storage.now())
         if wait > 0 {
             try await writeHeldUnhop()  // a replayed timer writes nothing: the last step's end goes first
             try await Task.sleep(for: Self.sleepDuration(seconds: wait))

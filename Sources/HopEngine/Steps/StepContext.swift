@@ -67,6 +67,10 @@ public struct StepContext: Sendable {
         try await storage.session(subject: subject)
     }
 
+    /// The time by the database's clock (see ``HopEngine/now()``): compute a session's
+    /// `expiresAt` from it.
+    public func now() -> Date { storage.now() }
+
     /// Stores the subject's session (a login step that signs the user in itself). Steps of other
     /// runs of the subject that wait for a login are unhopped in the same transaction.
     public func storeSession(userID: String, token: String, expiresAt: Date? = nil) async throws {

@@ -75,7 +75,7 @@ extension HopStore {
     ) async throws -> [Int64] {
         try validate(subject, as: "subject")
         try validate(userID, as: "user id")
-        try StorageRules(location: path).checkSession(token: token, expiresAt: expiresAt)
+        try StorageRules(location: path).checkSession(token: token, expiresAt: expiresAt, now: Date())
         let operation = "store session of \(subject)"
         return try await transaction(operation) { tx in
             try tx.run(

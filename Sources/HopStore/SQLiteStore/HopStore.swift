@@ -175,6 +175,9 @@ extension HopStore: HopStorage {
     /// The store's thread: flow bodies run there, beside the database (see `StoreExecutor`).
     package nonisolated var flowExecutor: (any TaskExecutor)? { executor.flowExecutor }
 
+    /// This machine's clock: every process using the file runs on it.
+    package nonisolated func now() -> Date { Date() }
+
     /// A number that changes whenever another connection commits to the database
     /// (`PRAGMA data_version`): a cheap way to notice changes made by other processes.
     package func changeVersion() throws -> Int64 {

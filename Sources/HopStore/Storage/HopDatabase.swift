@@ -1,3 +1,9 @@
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
+import Foundation
+#endif
+
 /// The database an engine runs on, whichever backend holds it: one SQLite file (``HopStore``)
 /// or a server shared by a fleet (`HopPostgres`'s `PostgresStore`).
 ///
@@ -30,6 +36,10 @@ public struct HopDatabase: Sendable {
     public func history(runID: Int64, limit: Int? = nil) async throws -> [HistoryEntry] {
         try await storage.history(runID: runID, limit: limit)
     }
+
+    /// The time by the database's clock: this machine's for a file, the server's (as last
+    /// measured) for PostgreSQL. Session expiry and deadlines are judged by it.
+    public func now() -> Date { storage.now() }
 
     /// The stored, unexpired session of `subject`.
     public func session(subject: String = "default") async throws -> StoredSession? {

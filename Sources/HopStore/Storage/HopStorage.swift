@@ -31,6 +31,12 @@ package protocol HopStorage: Sendable {
     /// cooperative pool. Steps always run on the pool.
     var flowExecutor: (any TaskExecutor)? { get }
 
+    /// The time by which this storage judges deadlines (durable sleeps, step timeouts), session
+    /// expiry and leases, and dates its records: this machine's clock for a file; for a server
+    /// shared by a fleet, the server's clock (as last measured), so that the fleet's machines
+    /// need not agree on the time. The engine computes every deadline from it.
+    func now() -> Date
+
     // MARK: Liveness and change notification
 
     /// A new engine incarnation labelled `label`, with the proof of liveness this storage supports.
@@ -114,9 +120,8 @@ package protocol HopStorage: Sendable {
 
     // MARK: Ownership
     //
-    // A lease ends at `until` by this process's clock. A server shared by a fleet measures leases
-    // by its own clock instead (the lease lasts from now to `until`, and `now` is the server's):
-    // its engines' machines need not agree on the time.
+    // A lease ends at `until` by ``now()``. A server shared by a fleet measures leases by its own
+    // clock exactly (the lease lasts from ``now()`` to `until`, added to the server's time in SQL).
 
     /// Takes the run for `owner` until `until` unless another incarnation holds a live lease on it.
     func claim(runID: Int64, owner: String, until: Date) async throws -> RunRecord?

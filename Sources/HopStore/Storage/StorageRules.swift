@@ -28,14 +28,15 @@ package struct StorageRules: Sendable {
             hint: "Copy into a new, empty database (nothing was changed); never over a deployment's data")
     }
 
-    /// Checks a session before it is stored: a token of 1 to 4096 bytes, an expiry still to come.
-    package func checkSession(token: String, expiresAt: Date?) throws {
+    /// Checks a session before it is stored: a token of 1 to 4096 bytes, an expiry still to come
+    /// (by `now`, the storage's clock).
+    package func checkSession(token: String, expiresAt: Date?, now: Date) throws {
         guard !token.isEmpty, token.utf8.count <= StoredSession.maximumTokenBytes else {
             throw refuse(
                 .invalidInput, "store session",
                 "the session token must be 1 to \(StoredSession.maximumTokenBytes) bytes")
         }
-        if let expiresAt, expiresAt <= Date() {
+        if let expiresAt, expiresAt <= now {
             throw refuse(
                 .invalidInput, "store session", "the session's expiry has passed already; nothing was changed",
                 hint: "Give an expiry in the future, or none")

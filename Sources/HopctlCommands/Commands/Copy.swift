@@ -45,7 +45,7 @@ struct Copy: AsyncParsableCommand {
                 try await HopStore.open(path: to, options: HopStore.Options(createIfMissing: true, migrate: true))
             }
             try await target.restore(snapshot)
-            let held = snapshot.runs.filter { $0.leaseIsLive() }.count
+            let held = snapshot.runs.filter { $0.leaseIsLive(at: source.now()) }.count
             if held > 0 {
                 Output.note(
                     "warning: \(held) run\(held == 1 ? " was" : "s were") held by a running engine when the snapshot was taken; what it does next is not in the copy (stop the daemons on --from before moving)"

@@ -1,6 +1,12 @@
 import ArgumentParser
 import HopStore
 
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
+import Foundation
+#endif
+
 struct History: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "history",
@@ -90,14 +96,14 @@ struct HistoryRequest: Equatable {
         if json {
             return try Output.json(
                 HistoryJSON(
-                    run: RunJSON(record),
+                    run: RunJSON(record, now: store.now()),
                     entries: entries.map(HistoryJSON.Entry.init)))
         }
-        Self.printTable(record, entries)
+        Self.printTable(record, entries, now: store.now())
     }
 
     /// One run's history for people: a line naming the run, then a table of its entries.
-    private static func printTable(_ run: RunRecord, _ entries: [HistoryEntry]) {
+    private static func printTable(_ run: RunRecord, _ entries: [HistoryEntry], now: Date) {
         Output.line(
             "run \(run.id) of \(Output.printable(run.flow)) for \(Output.printable(run.subject)): \(run.status.rawValue)"
         )
@@ -106,7 +112,7 @@ struct HistoryRequest: Equatable {
             entries.map {
                 [
                     "\($0.seq)", $0.kind.rawValue, $0.step ?? "-", Output.abbreviated($0.value ?? ""),
-                    Output.relative($0.at),
+                    Output.relative($0.at, now: now),
                 ]
             })
     }
@@ -123,9 +129,10 @@ struct HistoryRequest: Equatable {
             for run in runs {
                 let entries = histories[run.id] ?? []
                 if array != nil {
-                    try array?.append(HistoryJSON(run: RunJSON(run), entries: entries.map(HistoryJSON.Entry.init)))
+                    try array?.append(
+                        HistoryJSON(run: RunJSON(run, now: store.now()), entries: entries.map(HistoryJSON.Entry.init)))
                 } else {
-                    Self.printTable(run, entries)
+                    Self.printTable(run, entries, now: store.now())
                 }
             }
             guard let last = runs.last, runs.count == Self.page else { break }

@@ -32,7 +32,7 @@ struct Patches: AsyncParsableCommand {
         try await requireFlow(flow, in: store, operation: "patches")
         if let patch {
             let runs = try await store.runsWithoutPatch(flow: flow, patch: patch)
-            if output.json { return try Output.json(runs.map { RunJSON($0) }) }
+            if output.json { return try Output.json(runs.map { RunJSON($0, now: store.now()) }) }
             if runs.isEmpty {
                 return Output.note(
                     "no unfinished run of \(Output.printable(flow)) lacks the marker of \(Output.printable(patch)): "
@@ -56,6 +56,11 @@ struct Patches: AsyncParsableCommand {
         if rows.isEmpty { return Output.note("no run of \(Output.printable(flow)) has taken a patch's new branch") }
         Output.table(
             ["PATCH", "RUNS", "FIRST", "UNFINISHED WITHOUT IT"],
-            rows.map { ["\($0.patch)", "\($0.runs)", Output.relative($0.firstRecordedAt), "\($0.unfinishedWithout)"] })
+            rows.map {
+                [
+                    "\($0.patch)", "\($0.runs)", Output.relative($0.firstRecordedAt, now: store.now()),
+                    "\($0.unfinishedWithout)",
+                ]
+            })
     }
 }

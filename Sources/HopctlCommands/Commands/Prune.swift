@@ -62,8 +62,8 @@ struct Prune: AsyncParsableCommand {
     }
 
     func run() async throws {
-        let cutoff = Date().addingTimeInterval(-(DurationText.seconds(finishedBefore) ?? 0))
         let store = try await global.openForWriting()
+        let cutoff = store.now().addingTimeInterval(-(DurationText.seconds(finishedBefore) ?? 0))
         // Refused before anything is pruned: a server's database has no file to rewrite.
         let file =
             vacuum

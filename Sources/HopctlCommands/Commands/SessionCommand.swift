@@ -69,9 +69,10 @@ struct SessionCommand: AsyncParsableCommand {
             } else {
                 token = Token.random(byteCount: 32)
             }
-            let asked = Date()
-            let expiresAt = expiresIn.flatMap(DurationText.seconds).map { asked.addingTimeInterval($0) }
             let store = try await global.openForWriting()
+            // By the database's clock (a server's, whatever this machine's says), from now.
+            let asked = store.now()
+            let expiresAt = expiresIn.flatMap(DurationText.seconds).map { asked.addingTimeInterval($0) }
             let subject = subjectOption.subject
             let woken = try await store.storeSession(subject: subject, userID: user, token: token, expiresAt: expiresAt)
             var text =
@@ -158,8 +159,8 @@ struct SessionCommand: AsyncParsableCommand {
                 ["SUBJECT", "USER", "TOKEN", "CREATED", "EXPIRES"],
                 [
                     [
-                        subject, session.userID, token, Output.relative(session.createdAt),
-                        session.expiresAt.map { Output.relative($0) } ?? "never",
+                        subject, session.userID, token, Output.relative(session.createdAt, now: store.now()),
+                        session.expiresAt.map { Output.relative($0, now: store.now()) } ?? "never",
                     ]
                 ])
         }

@@ -87,11 +87,12 @@ struct StatusRequest: Equatable {
                         + "with --flow, --subject or --status, or raise --limit")
             }
         }
+        let now = store.now()  // the database's clock: a server's, whatever this machine's says
         var divergences: [Int64: String] = [:]
         for run in runs where run.status == .diverged {
             divergences[run.id] = try await store.history(runID: run.id, limit: 4).last { $0.kind == .diverge }?.value
         }
-        if json { return try Output.json(runs.map { RunJSON($0, divergence: divergences[$0.id]) }) }
+        if json { return try Output.json(runs.map { RunJSON($0, divergence: divergences[$0.id], now: now) }) }
         if runs.isEmpty {
             return Output.note(
                 status.map { "no \($0.rawValue) runs in \(store.location)" } ?? "no runs in \(store.location)")
@@ -104,7 +105,7 @@ struct StatusRequest: Equatable {
                     return [
                         run.flow, run.subject, "\(run.id)", divergence.entry.map { "entry \($0)" } ?? "-",
                         divergence.codeVersion ?? "-", divergence.runVersion ?? run.flowVersion,
-                        Output.relative(run.updatedAt),
+                        Output.relative(run.updatedAt, now: now),
                     ]
                 })
         }
@@ -112,15 +113,16 @@ struct StatusRequest: Equatable {
             ["FLOW", "SUBJECT", "RUN", "STATUS", "STEP", "OWNER", "CHANGED"],
             runs.map {
                 [
-                    $0.flow, $0.subject, "\($0.id)", $0.status.rawValue, $0.currentStep ?? "-", Self.owner($0),
-                    Output.relative($0.updatedAt),
+                    $0.flow, $0.subject, "\($0.id)", $0.status.rawValue, $0.currentStep ?? "-",
+                    Self.owner($0, now: now),
+                    Output.relative($0.updatedAt, now: now),
                 ]
             })
     }
 
     /// The owner's label and whether its lease is live; "-" when none holds the run, with the
     /// version an engine needs to take a running run over.
-    static func owner(_ run: RunRecord, now: Date = Date()) -> String {
+    static func owner(_ run: RunRecord, now: Date) -> String {
         guard let label = run.ownerLabel else {
             return run.status == .running ? "- (waits for an engine with version \(run.flowVersion))" : "-"
         }

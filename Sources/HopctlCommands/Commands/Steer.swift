@@ -163,7 +163,8 @@ struct FirstUse: AsyncParsableCommand {
             }
             if flags.isEmpty { return Output.note("no feature used yet by \(subject): everything is on its first use") }
             Output.table(
-                ["SUBJECT", "FEATURE", "USED"], flags.map { [subject, $0.feature, Output.relative($0.usedAt)] })
+                ["SUBJECT", "FEATURE", "USED"],
+                flags.map { [subject, $0.feature, Output.relative($0.usedAt, now: store.now())] })
         }
     }
 }

@@ -22,7 +22,8 @@ struct RunJSON: Encodable {
     /// For a diverged run, where and why (`hopctl status`); `null` otherwise.
     @ExplicitNull var diverged: DivergenceJSON?
 
-    init(_ run: RunRecord, divergence: String? = nil) {
+    /// `run` as listed, its lease judged at `now` (the database's clock: ``HopStorage/now()``).
+    init(_ run: RunRecord, divergence: String? = nil, now: Date) {
         diverged = divergence.map(DivergenceJSON.init(message:))
         self.run = run.id
         flow = run.flow
@@ -33,7 +34,7 @@ struct RunJSON: Encodable {
         createdAt = run.createdAt
         updatedAt = run.updatedAt
         owner = run.ownerLabel
-        leaseLive = run.leaseIsLive()
+        leaseLive = run.leaseIsLive(at: now)
     }
 
     enum CodingKeys: String, CodingKey {

@@ -123,7 +123,7 @@ enum Output {
     }
 
     /// "12s ago", "5m ago", "3h ago", "2d ago"; "in 5m" for a future time.
-    static func relative(_ date: Date, now: Date = Date()) -> String {
+    static func relative(_ date: Date, now: Date) -> String {
         let seconds = Int(max(-1e15, min(1e15, now.timeIntervalSince(date).rounded())))
         let magnitude = abs(seconds)
         let text: String

@@ -1,0 +1,75 @@
+import Foundation
+
+/// A process whose wall clock is off: a small library, preloaded (`LD_PRELOAD`), that adds
+/// `HOP_TEST_CLOCK_OFFSET` seconds to what `clock_gettime` says of the real-time clocks, and to
+/// `gettimeofday` and `time`. Nothing else: the monotonic clocks, and the timers and waits set on
+/// them, are left alone, as on a machine whose clock is merely set wrong.
+///
+/// libfaketime was used before; it also moves the deadlines of `timerfd` timers by its offset,
+/// monotonic ones included, so a Swift process whose clock it put behind never woke from a
+/// `Task.sleep`, and one it put ahead never slept.
+///
+/// The library is compiled into the test's folder with the C compiler on `PATH` (the Swift
+/// toolchain's `clang`).
+public enum ClockSkew {
+    /// The environment of a process whose wall clock is `seconds` off this machine's (behind
+    /// when negative), with the library compiled into `folder`.
+    public static func environment(offBy seconds: Int, in folder: TemporaryDirectory) async throws -> [String: String] {
+        ["LD_PRELOAD": try await library(in: folder), "HOP_TEST_CLOCK_OFFSET": "\(seconds)"]
+    }
+
+    private static let source = #"""
+        #define _GNU_SOURCE
+        #include <dlfcn.h>
+        #include <stdlib.h>
+        #include <sys/time.h>
+        #include <time.h>
+
+        static long offset;
+        static int (*real_clock_gettime)(clockid_t, struct timespec *);
+        static int (*real_gettimeofday)(struct timeval *, void *);
+
+        __attribute__((constructor)) static void start(void) {
+            const char *text = getenv("HOP_TEST_CLOCK_OFFSET");
+            offset = text ? strtol(text, NULL, 10) : 0;
+            real_clock_gettime = (int (*)(clockid_t, struct timespec *))dlsym(RTLD_NEXT, "clock_gettime");
+            real_gettimeofday = (int (*)(struct timeval *, void *))dlsym(RTLD_NEXT, "gettimeofday");
+        }
+
+        int clock_gettime(clockid_t clock, struct timespec *now) {
+            int result = real_clock_gettime(clock, now);
+            if (result == 0 && (clock == CLOCK_REALTIME || clock == CLOCK_REALTIME_COARSE)) now->tv_sec += offset;
+            return result;
+        }
+
+        int gettimeofday(struct timeval *now, void *zone) {
+            int result = real_gettimeofday(now, zone);
+            if (result == 0) now->tv_sec += offset;
+            return result;
+        }
+
+        time_t time(time_t *now) {
+            struct timespec value;
+            clock_gettime(CLOCK_REALTIME, &value);
+            if (now) *now = value.tv_sec;
+            return value.tv_sec;
+        }
+        """#
+
+    /// Compiles the library into `folder` (once per folder); returns its path.
+    private static func library(in folder: TemporaryDirectory) async throws -> String {
+        let library = folder.path("clock_skew.so")
+        if FileManager.default.fileExists(atPath: library) { return library }
+        let paths = (ProcessInfo.processInfo.environment["PATH"] ?? "").split(separator: ":")
+        let compiler = ["clang", "cc"].lazy.flatMap { name in paths.map { "\($0)/\(name)" } }
+            .first { FileManager.default.isExecutableFile(atPath: $0) }
+        guard let compiler else {
+            throw TestFailure("no C compiler (clang or cc) on PATH to build the clock-skew library")
+        }
+        let code = folder.path("clock_skew.c")
+        try source.write(toFile: code, atomically: true, encoding: .utf8)
+        let result = try await run(compiler, ["-shared", "-fPIC", "-O2", "-o", library, code, "-ldl"], in: folder)
+        guard result.status == 0 else { throw TestFailure("cannot compile the clock-skew library: \(result.stderr)") }
+        return library
+    }
+}
