@@ -13,26 +13,34 @@ import Synchronization
 /// once, when the clock was behind by more than the timeout), and late when it was ahead; an
 /// engine whose clock was ahead removed sessions before they expired.
 ///
-/// Measured when the store opens, then again in the background when a reading is older than
-/// ``refreshAfter`` (the machine's clock may be stepped meanwhile). A reading whose round trip
-/// took longer than ``longestRoundTrip`` (a pool busy with other work) is not used, and the next
-/// is taken a second later.
+/// Measured when the store opens, then again in the background when the reading is older than
+/// ``refreshAfter`` (the machine's clock may be stepped meanwhile). A reading's error is at most
+/// half its round trip: one slower than ``longestRoundTrip`` (a busy pool or server) replaces the
+/// last only when it is no slower than that one or the last is older than ``staleAfter``, and
+/// another is taken a second later; the first reading is always kept (any is closer to the
+/// server's time than this machine's clock may be).
 final class ServerClock: Sendable {
-    private struct State {
+    private struct Reading {
         /// The server's clock minus this machine's, in seconds.
-        var offset: Double = 0
-        /// When the offset was last measured (monotonic), if ever.
-        var measuredAt: ContinuousClock.Instant?
-        /// When the next ``now()`` measures again: ``refreshAfter`` after a reading, a second after
-        /// one that failed or was not used (a busy pool is not asked again at once).
+        var offset: Double
+        var roundTrip: Duration
+        /// When it was taken (monotonic).
+        var at: ContinuousClock.Instant
+    }
+
+    private struct State {
+        var reading: Reading?
+        /// When the next ``now()`` measures again; `nil`: at once.
         var nextReading: ContinuousClock.Instant?
         /// Whether a measurement is in flight.
         var measuring = false
     }
 
-    /// How old a reading may be before the next ``now()`` starts measuring again.
+    /// How old a reading may be before the next ``now()`` measures again.
     static let refreshAfter: Duration = .seconds(10)
-    /// The longest round trip a reading may take: its error is at most half of it.
+    /// A reading at least this old is replaced by any new one.
+    static let staleAfter: Duration = .seconds(60)
+    /// The longest round trip of a reading that is always taken: its error is at most half of it.
     static let longestRoundTrip: Duration = .milliseconds(250)
 
     private let state = Mutex(State())
@@ -47,7 +55,7 @@ final class ServerClock: Sendable {
         let (offset, stale) = state.withLock { state -> (Double, Bool) in
             let stale = !state.measuring && (state.nextReading.map { ContinuousClock.now >= $0 } ?? true)
             if stale { state.measuring = true }
-            return (state.offset, stale)
+            return (state.reading?.offset ?? 0, stale)
         }
         if stale {
             // In the background: a caller computing a deadline does not wait for the server.
@@ -57,40 +65,41 @@ final class ServerClock: Sendable {
     }
 
     /// The server's clock minus this machine's, in seconds, as last measured.
-    var offset: Double { state.withLock { $0.offset } }
+    var offset: Double { state.withLock { $0.reading?.offset ?? 0 } }
 
-    /// The first reading, as the store opens: tried again while round trips are too long (the
-    /// pool's first connections), up to five times; then this machine's clock until a later one.
+    /// The first reading, as the store opens.
     func start() async throws {
-        for _ in 0..<5 {
-            state.withLock { $0.measuring = true }
-            try await measure()
-            if state.withLock({ $0.measuredAt != nil }) { return }
-        }
+        state.withLock { $0.measuring = true }
+        try await measure()
     }
 
-    /// Asks the server for its time and keeps the offset, unless the round trip was too long.
+    /// Asks the server for its time and keeps the reading, as the type's summary says.
     private func measure() async throws {
         let started = ContinuousClock.now
         defer {
             state.withLock {
                 $0.measuring = false
-                if $0.measuredAt.map({ $0 < started }) ?? true { $0.nextReading = started.advanced(by: .seconds(1)) }
+                // A failed reading is tried again a second later.
+                if $0.reading.map({ $0.at < started }) ?? true { $0.nextReading = started.advanced(by: .seconds(1)) }
             }
         }
         let before = Date()
         let rows = try await client.query(
             PostgresValue.query("SELECT \(PostgresStore.serverNow)", []), logger: PostgresStore.quiet
         ).collect()
-        let roundTrip = ContinuousClock.now - started
         let after = Date()
-        guard let row = rows.first, roundTrip <= Self.longestRoundTrip else { return }
+        let now = ContinuousClock.now
+        let roundTrip = now - started
+        guard let row = rows.first else { return }
         let server = Double(try Row(row).int64(0)) / 1000
         let middle = before.timeIntervalSince1970 + after.timeIntervalSince(before) / 2
+        let reading = Reading(offset: server - middle, roundTrip: roundTrip, at: now)
+        let fast = roundTrip <= Self.longestRoundTrip
         state.withLock {
-            $0.offset = server - middle
-            $0.measuredAt = ContinuousClock.now
-            $0.nextReading = ContinuousClock.now.advanced(by: Self.refreshAfter)
+            let better =
+                $0.reading.map { fast || roundTrip <= $0.roundTrip || now - $0.at >= Self.staleAfter } ?? true
+            if better { $0.reading = reading }
+            $0.nextReading = now.advanced(by: fast ? Self.refreshAfter : .seconds(1))
         }
     }
 }
