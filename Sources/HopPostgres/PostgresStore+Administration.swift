@@ -12,9 +12,9 @@ extension PostgresStore: HopAdministration {
             [.int(bound.limit)] + bound.texts.map(PostgresValue.text), operation: "list runs", RunRecord.init(pg:))
     }
 
-    /// ``LatestRuns/sql(flow:subject:status:marker:)`` with PostgreSQL's parameters (`$1`, `$2`, …).
+    /// ``LatestRuns/sql(flow:subject:status:marker:runColumns:)`` with PostgreSQL's parameters (`$1`, `$2`, …).
     package static func latestRunsSQL(flow: Bool, subject: Bool, status: RunStatus?) -> String {
-        LatestRuns.sql(flow: flow, subject: subject, status: status, marker: "$")
+        LatestRuns.sql(flow: flow, subject: subject, status: status, marker: "$", runColumns: RunRecord.pgColumns)
     }
 
     package func flowNames() async throws -> [String] {

@@ -105,6 +105,9 @@ import Testing
             "RunRecord.pgColumns", "RunRecord.pgQualifiedColumns", "HistoryEntry.pgColumns", "RunStatus.pgUnfinished",
             "HistoryKind.pgStepEnds", #"skipLocked ? " SKIP LOCKED" : """#, #"locking ? " FOR UPDATE" : """#,
             "PostgresStore.serverNow",  // the server's clock, by which leases are measured
+            "runColumns",  // a backend's column list of its run records (LatestRuns)
+            // A file's condition on a lease, over placeholders only (HopStore+Ownership).
+            #"leaseOver(wall: "?2", boot: "?5", uptime: "?6")"#,
         ]
         let sql = try Regex(#"\b(SELECT|INSERT|UPDATE|DELETE|PRAGMA|CREATE|ALTER|DROP|VALUES|WHERE)\b"#)
         var checked = 0

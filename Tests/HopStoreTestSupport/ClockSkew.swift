@@ -3,7 +3,9 @@ import Foundation
 /// A process whose wall clock is off: a small library, preloaded (`LD_PRELOAD`), that adds
 /// `HOP_TEST_CLOCK_OFFSET` seconds to what `clock_gettime` says of the real-time clocks, and to
 /// `gettimeofday` and `time`. Nothing else: the monotonic clocks, and the timers and waits set on
-/// them, are left alone, as on a machine whose clock is merely set wrong.
+/// them, are left alone, as on a machine whose clock is merely set wrong. With
+/// `HOP_TEST_CLOCK_OFFSET_FILE` instead, the offset is read from that file at every call, so a
+/// test can step the clock of running processes (``Stepper``), as NTP steps a machine's.
 ///
 /// libfaketime was used before; it also moves the deadlines of `timerfd` timers by its offset,
 /// monotonic ones included, so a Swift process whose clock it put behind never woke from a
@@ -18,33 +20,77 @@ public enum ClockSkew {
         ["LD_PRELOAD": try await library(in: folder), "HOP_TEST_CLOCK_OFFSET": "\(seconds)"]
     }
 
+    /// A wall clock that a test steps for every process started with its ``environment``.
+    public struct Stepper: Sendable {
+        /// The file the processes read their offset from.
+        public let file: String
+
+        /// A clock on time until ``step(to:)``, its file in `folder`.
+        public init(in folder: TemporaryDirectory) throws {
+            file = folder.path("clock-offset")
+            try Self.text(0).write(toFile: file, atomically: false, encoding: .utf8)
+        }
+
+        /// The environment of a process whose wall clock follows this one.
+        public func environment(in folder: TemporaryDirectory) async throws -> [String: String] {
+            ["LD_PRELOAD": try await library(in: folder), "HOP_TEST_CLOCK_OFFSET_FILE": file]
+        }
+
+        /// Sets every such process's clock `seconds` off this machine's, at once: the file is
+        /// rewritten in place (same width), never replaced, so an open descriptor reads the new offset.
+        public func step(to seconds: Int) throws {
+            let handle = try FileHandle(forWritingTo: URL(fileURLWithPath: file))
+            defer { try? handle.close() }
+            try handle.write(contentsOf: Data(Self.text(seconds).utf8))
+        }
+
+        private static func text(_ seconds: Int) -> String {
+            let digits = String(abs(seconds))
+            return (seconds < 0 ? "-" : "+") + String(repeating: "0", count: max(0, 19 - digits.count)) + digits + "\n"
+        }
+    }
+
     private static let source = #"""
         #define _GNU_SOURCE
         #include <dlfcn.h>
+        #include <fcntl.h>
         #include <stdlib.h>
         #include <sys/time.h>
         #include <time.h>
+        #include <unistd.h>
 
-        static long offset;
+        static long fixed_offset;
+        static int offset_file = -1;
         static int (*real_clock_gettime)(clockid_t, struct timespec *);
         static int (*real_gettimeofday)(struct timeval *, void *);
 
         __attribute__((constructor)) static void start(void) {
             const char *text = getenv("HOP_TEST_CLOCK_OFFSET");
-            offset = text ? strtol(text, NULL, 10) : 0;
+            fixed_offset = text ? strtol(text, NULL, 10) : 0;
+            const char *file = getenv("HOP_TEST_CLOCK_OFFSET_FILE");
+            if (file) offset_file = open(file, O_RDONLY | O_CLOEXEC);
             real_clock_gettime = (int (*)(clockid_t, struct timespec *))dlsym(RTLD_NEXT, "clock_gettime");
             real_gettimeofday = (int (*)(struct timeval *, void *))dlsym(RTLD_NEXT, "gettimeofday");
         }
 
+        static long offset(void) {
+            if (offset_file < 0) return fixed_offset;
+            char text[32];
+            ssize_t count = pread(offset_file, text, sizeof text - 1, 0);
+            if (count <= 0) return 0;
+            text[count] = 0;
+            return strtol(text, NULL, 10);
+        }
+
         int clock_gettime(clockid_t clock, struct timespec *now) {
             int result = real_clock_gettime(clock, now);
-            if (result == 0 && (clock == CLOCK_REALTIME || clock == CLOCK_REALTIME_COARSE)) now->tv_sec += offset;
+            if (result == 0 && (clock == CLOCK_REALTIME || clock == CLOCK_REALTIME_COARSE)) now->tv_sec += offset();
             return result;
         }
 
         int gettimeofday(struct timeval *now, void *zone) {
             int result = real_gettimeofday(now, zone);
-            if (result == 0) now->tv_sec += offset;
+            if (result == 0) now->tv_sec += offset();
             return result;
         }
 

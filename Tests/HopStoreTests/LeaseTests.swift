@@ -1,3 +1,4 @@
+import CSQLite
 import Foundation
 import HopStoreTestSupport
 import Testing
@@ -23,6 +24,47 @@ import Testing
         #expect(claimed.allSatisfy { $0.owner == "me" })
         #expect(try await store.run(id: ids[2])?.owner == "other", "a live lease of another engine is left alone")
         #expect(try await store.claim(runIDs: [], owner: "me", until: now).isEmpty)
+    }
+
+    /// A lease is measured by the machine's uptime clock in the boot that wrote it (schema 9), so a
+    /// step of the wall clock moves no lease (`ClockStepProcessTests`); one of another boot is
+    /// over, and one written by an older binary (no boot) still goes by the wall clock.
+    @Test func aLeaseGoesByTheUptimeOfItsBootAndAnOlderBinarysByTheWallClock() async throws {
+        let folder = try TemporaryDirectory()
+        let store = try await HopStore.open(path: folder.database)
+        var ids: [String: Int64] = [:]
+        let subjects = ["old-live", "old-over", "other-boot", "live", "over"]
+        for subject in subjects {
+            let id = try await store.startRun(flow: "startup", subject: subject, version: "1").run.id
+            ids[subject] = id
+            #expect(try await store.claim(runID: id, owner: "them", until: Date().addingTimeInterval(60)) != nil)
+        }
+        let written = try #require(try await store.run(id: ids["live"] ?? 0))
+        let shown = try #require(written.leaseExpiresAt).timeIntervalSinceNow
+        #expect(shown > 55 && shown <= 61 && written.leaseIsLive(), "shown to end in \(shown) s")
+
+        let wall = Clock.nowMilliseconds()
+        let uptime = LeaseClock.uptimeMilliseconds()
+        let boot = try #require(LeaseClock.machine.boot, "this machine names its boots")
+        var db: OpaquePointer?
+        defer { sqlite3_close(db) }
+        let rewrite = """
+            UPDATE runs SET lease_boot = NULL, lease_expires_at = \(wall + 60_000) WHERE subject = 'old-live';
+            UPDATE runs SET lease_boot = NULL, lease_expires_at = \(wall - 1000) WHERE subject = 'old-over';
+            UPDATE runs SET lease_boot = \(boot &+ 1), lease_expires_at = \(uptime + 60_000) WHERE subject = 'other-boot';
+            UPDATE runs SET lease_boot = \(boot), lease_expires_at = \(uptime - 1000) WHERE subject = 'over';
+            """
+        #expect(
+            sqlite3_open(folder.database, &db) == SQLITE_OK && sqlite3_exec(db, rewrite, nil, nil, nil) == SQLITE_OK)
+
+        let claimable = try await store.claimableRuns(versions: ["startup": ["1"]], now: Date(), limit: 10)
+        #expect(Set(claimable.map(\.subject)) == ["old-over", "other-boot", "over"])
+        for subject in subjects {
+            let run = try #require(try await store.run(id: ids[subject] ?? 0))
+            #expect(run.leaseIsLive() == ["old-live", "live"].contains(subject), "\(subject)")
+        }
+        let claimed = try await store.claim(runIDs: subjects.compactMap { ids[$0] }, owner: "me", until: Date())
+        #expect(Set(claimed.map(\.subject)) == ["old-over", "other-boot", "over"])
     }
 
     @Test func historiesOfManyRunsAreReadInOrderPerRun() async throws {

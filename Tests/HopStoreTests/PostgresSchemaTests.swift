@@ -61,7 +61,10 @@ import Testing
             database: "hop"
         ).split(separator: "\n").map(String.init)
         #expect(!sqliteColumns.isEmpty)
-        #expect(Set(postgresColumns) == Set(sqliteColumns))
+        // The boot a file's lease is measured in: a server measures leases by its own clock.
+        let sqliteOnly: Set = ["runs|lease_boot"]
+        #expect(sqliteOnly.isSubset(of: sqliteColumns))
+        #expect(Set(postgresColumns) == Set(sqliteColumns).subtracting(sqliteOnly))
 
         let sqliteIndexes = try sqliteRows(
             folder.database,

@@ -49,15 +49,19 @@ extension HopStore {
     package func renewLeases(owner: String, runIDs: [Int64], until: Date) async throws -> Set<Int64> {
         guard !runIDs.isEmpty else { return [] }
         let operation = "renew leases"
+        let lease = LeaseClock.machine.lease(until: until)
         return try await transaction(operation) { tx in
             Set(
                 try tx.query(
                     """
-                    UPDATE runs SET lease_expires_at = ?3
+                    UPDATE runs SET lease_expires_at = ?3, lease_boot = ?4
                     WHERE id IN (SELECT value FROM json_each(?1)) AND owner = ?2 AND status = \(RunStatus.running.sql)
                     RETURNING id
                     """,
-                    [.text(Self.jsonList(runIDs)), .text(owner), .integer(Clock.milliseconds(until))],
+                    [
+                        .text(Self.jsonList(runIDs)), .text(owner), .integer(lease.expiresAt),
+                        lease.boot.map(SQLValue.integer) ?? .null,
+                    ],
                     operation: operation
                 ) { $0.int64(0) })
         }
@@ -113,24 +117,27 @@ extension HopStore {
         versions: [String: [String]], now: Date = Date(), limit: Int = .max
     ) throws -> [RunRecord] {
         var runs: [RunRecord] = []
+        let clock = LeaseClock.machine
         for (flow, flowVersions) in versions.sorted(by: { $0.key < $1.key }) {
             runs += try connection.query(
                 Self.claimableRunsSQL,
                 [
                     .text(flow), .integer(Clock.milliseconds(now)), .text(Self.jsonList(flowVersions)),
-                    .integer(Int64(limit)),
+                    .integer(Int64(limit)), clock.boot.map(SQLValue.integer) ?? .null,
+                    .integer(LeaseClock.uptimeMilliseconds()),
                 ],
                 operation: "list runs to resume of \(flow)", RunRecord.init(row:))
         }
         return Array(runs.sorted { $0.id < $1.id }.prefix(limit))
     }
 
-    /// The running runs of flow `?1` on a version of the list `?3` that no engine holds at `?2`,
-    /// the `?4` oldest: read through the index of unfinished runs, in its order, so that the
-    /// finished runs of the flow, however many, are never read.
+    /// The running runs of flow `?1` on a version of the list `?3` that no engine holds (by the
+    /// wall clock `?2`, or in boot `?5` at uptime `?6`), the `?4` oldest: read through the index
+    /// of unfinished runs, in its order, so that the finished runs of the flow, however many, are
+    /// never read.
     static let claimableRunsSQL = """
         SELECT \(RunRecord.columns) FROM runs INDEXED BY runs_unfinished
-        WHERE \(RunStatus.running.condition) AND flow = ?1 AND (owner IS NULL OR lease_expires_at < ?2)
+        WHERE \(RunStatus.running.condition) AND flow = ?1 AND (owner IS NULL OR \(leaseOver(wall: "?2", boot: "?5", uptime: "?6")))
             AND flow_version IN (SELECT value FROM json_each(?3))
         ORDER BY id LIMIT ?4
         """
@@ -153,6 +160,15 @@ extension HopStore {
         return Dictionary(rows, uniquingKeysWith: { first, _ in first })
     }
 
+    /// SQL: whether the run's lease is over, at the wall-clock time `wall`, or at uptime `uptime`
+    /// in boot `boot` (placeholders). A lease measured in this boot goes by the uptime clock
+    /// (``LeaseClock``), one of another boot is over, one without a boot goes by the wall clock.
+    /// No lease at all (an owner without one) is never over: only its engine's death frees the run.
+    static func leaseOver(wall: String, boot: String, uptime: String) -> String {
+        "CASE WHEN lease_boot IS NULL THEN lease_expires_at < \(wall) WHEN lease_boot = \(boot)"
+            + " THEN lease_expires_at < \(uptime) ELSE lease_expires_at IS NOT NULL END"
+    }
+
     /// `ids` as a JSON array, for `json_each(?)`: one bound parameter for any number of ids.
     static func jsonList(_ ids: [Int64]) -> String {
         "[" + ids.map(String.init).joined(separator: ",") + "]"
@@ -171,8 +187,16 @@ extension WriteTransaction {
         selection: String, _ selected: [SQLValue], owner: String, until: Date, operation: String
     ) throws -> [RunRecord] {
         let now = Clock.nowMilliseconds()
+        let clock = LeaseClock.machine
+        let lease = clock.lease(until: until)
+        // ?2 the claimer, ?3 now, ?4 its label, ?5 its lease's end, ?6 this boot, ?7 the uptime.
+        let values: [SQLValue] = [
+            .text(owner), .integer(now), .text(Incarnation.label(of: owner)), .integer(lease.expiresAt),
+            lease.boot.map(SQLValue.integer) ?? .null, .integer(LeaseClock.uptimeMilliseconds()),
+        ]
+        let over = HopStore.leaseOver(wall: "?3", boot: "?6", uptime: "?7")
         let claimable =
-            "\(selection) AND status = \(RunStatus.running.sql) AND (owner IS NULL OR owner = ?2 OR lease_expires_at < ?3)"
+            "\(selection) AND status = \(RunStatus.running.sql) AND (owner IS NULL OR owner = ?2 OR \(over))"
         try connection.run(
             """
             INSERT INTO history (run_id, seq, kind, step, value, at)
@@ -180,14 +204,13 @@ extension WriteTransaction {
                 json_object('from', last_owner, 'to', ?2), ?3
             FROM runs WHERE \(claimable) AND last_owner IS NOT NULL AND last_owner != ?2
             """,
-            selected + [.text(owner), .integer(now), .text(Incarnation.label(of: owner))], operation: operation)
+            selected + values, operation: operation)
         return try connection.query(
             """
-            UPDATE runs SET owner = ?2, last_owner = ?2, lease_expires_at = ?4
+            UPDATE runs SET owner = ?2, last_owner = ?2, lease_expires_at = ?5, lease_boot = ?6
             WHERE \(claimable)
             RETURNING \(RunRecord.columns)
             """,
-            selected + [.text(owner), .integer(now), .integer(Clock.milliseconds(until))], operation: operation,
-            RunRecord.init(row:))
+            selected + values, operation: operation, RunRecord.init(row:))
     }
 }

@@ -37,9 +37,9 @@ extension HopStore {
             [.integer(bound.limit)] + bound.texts.map(SQLValue.text), operation: "list runs", RunRecord.init(row:))
     }
 
-    /// ``LatestRuns/sql(flow:subject:status:marker:)`` with SQLite's parameters (`?1`, `?2`, …).
+    /// ``LatestRuns/sql(flow:subject:status:marker:runColumns:)`` with SQLite's parameters (`?1`, `?2`, …).
     static func latestRunsSQL(flow: Bool, subject: Bool, status: RunStatus?) -> String {
-        LatestRuns.sql(flow: flow, subject: subject, status: status, marker: "?")
+        LatestRuns.sql(flow: flow, subject: subject, status: status, marker: "?", runColumns: RunRecord.columns)
     }
 
     /// The names of the flows that have runs here, in order.

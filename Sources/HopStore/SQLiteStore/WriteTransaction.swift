@@ -161,18 +161,21 @@ extension WriteTransaction {
         flow: String, subject: String, version: String, owner: String? = nil, until: Date? = nil, operation: String
     ) throws -> RunRecord {
         let now = Clock.nowMilliseconds()
+        let lease = until.map(LeaseClock.machine.lease(until:))
         // A new run never takes the id of a run whose records were lost (see `Connection.runIDFloor`):
         // SQLite would otherwise hand the id of a rolled-back insert out again.
         try connection.run(
             """
-            INSERT INTO runs (id, flow, subject, flow_version, status, created_at, updated_at, owner, last_owner, lease_expires_at)
+            INSERT INTO runs (id, flow, subject, flow_version, status, created_at, updated_at, owner, last_owner,
+                lease_expires_at, lease_boot)
             VALUES (
                 CASE WHEN ?7 > 0 THEN max(?7, (SELECT coalesce(max(id), 0) + 1 FROM runs)) END,
-                ?1, ?2, ?3, \(RunStatus.running.sql), ?4, ?4, ?5, ?5, ?6)
+                ?1, ?2, ?3, \(RunStatus.running.sql), ?4, ?4, ?5, ?5, ?6, ?8)
             """,
             [
                 .text(flow), .text(subject), .text(version), .integer(now), owner.map(SQLValue.text) ?? .null,
-                until.map { .integer(Clock.milliseconds($0)) } ?? .null, .integer(connection.runIDFloor),
+                lease.map { .integer($0.expiresAt) } ?? .null, .integer(connection.runIDFloor),
+                lease?.boot.map(SQLValue.integer) ?? .null,
             ], operation: operation)
         return try requireRun(connection.lastInsertedRowID, operation: operation)
     }

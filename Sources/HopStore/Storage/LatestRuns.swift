@@ -3,8 +3,9 @@
 /// so that a filter never costs a read of every run, and a listing stops at its limit rather than
 /// after grouping every run.
 package enum LatestRuns {
-    /// The statement for the filters given, its parameters numbered after `marker` (`?` for
-    /// SQLite, `$` for PostgreSQL): the limit first, then those of ``arguments(flow:subject:status:limit:)``.
+    /// The statement for the filters given, selecting `runColumns` (each backend's own list for its
+    /// run records), its parameters numbered after `marker` (`?` for SQLite, `$` for PostgreSQL):
+    /// the limit first, then those of ``arguments(flow:subject:status:limit:)``.
     ///
     /// - An unfinished status: the runs with it (from the index of unfinished runs) that no newer
     ///   run of their flow and subject follows.
@@ -16,7 +17,8 @@ package enum LatestRuns {
     ///   or every run).
     /// - Otherwise: the first `limit` flows and subjects, found one after another in the index by
     ///   flow, subject and id (``pairsSQL(flow:)``), and the newest run of each.
-    package static func sql(flow: Bool, subject: Bool, status: RunStatus?, marker: String) -> String {
+    package static func sql(flow: Bool, subject: Bool, status: RunStatus?, marker: String, runColumns: String) -> String
+    {
         // Placeholders in the order of `arguments`: the limit, the flow, the subject, a status.
         let limit = marker + "1"
         let flowValue = flow ? marker + "2" : nil
@@ -32,7 +34,7 @@ package enum LatestRuns {
                 + (subjectValue.map { " AND subject = " + $0 } ?? "")
                 + " AND NOT EXISTS (SELECT 1 FROM runs n WHERE n.flow = r.flow AND n.subject = r.subject AND n.id > r.id)"
                 + order
-            return "SELECT \(RunRecord.columns) FROM runs r WHERE \(filter)"
+            return "SELECT \(runColumns) FROM runs r WHERE \(filter)"
         }
         var flowsTable = ""
         let filter: String
@@ -50,7 +52,7 @@ package enum LatestRuns {
             }
             filter = "id IN (" + newest + ")" + (status == nil ? "" : " AND status = " + statusValue) + order
         } else if status == nil {
-            return pairsSQL(flow: flowValue) + " SELECT \(RunRecord.columns) FROM runs WHERE id IN ("
+            return pairsSQL(flow: flowValue) + " SELECT \(runColumns) FROM runs WHERE id IN ("
                 + "SELECT (SELECT max(m.id) FROM runs m WHERE m.flow = listed.flow AND m.subject = listed.subject)"
                 + " FROM (SELECT flow, subject FROM pairs LIMIT " + limit + ") listed) ORDER BY flow, subject"
         } else {
@@ -58,7 +60,7 @@ package enum LatestRuns {
                 "SELECT max(id) FROM runs" + (flowValue.map { " WHERE flow = " + $0 } ?? "") + " GROUP BY flow, subject"
             filter = "id IN (" + newest + ") AND status = " + statusValue + order
         }
-        return "\(flowsTable) SELECT \(RunRecord.columns) FROM runs WHERE \(filter)"
+        return "\(flowsTable) SELECT \(runColumns) FROM runs WHERE \(filter)"
     }
 
     /// A common table `pairs` of the flows and subjects that have runs (of the flow given as
@@ -80,7 +82,7 @@ package enum LatestRuns {
             + " UNION ALL SELECT r.flow, r.subject FROM pairs p JOIN runs r ON r.id = " + step + ")"
     }
 
-    /// The values of ``sql(flow:subject:status:marker:)``'s parameters: the limit, then the flow,
+    /// The values of ``sql(flow:subject:status:marker:runColumns:)``'s parameters: the limit, then the flow,
     /// the subject and a finished status, those given, as text.
     package static func arguments(
         flow: String?, subject: String?, status: RunStatus?, limit: Int

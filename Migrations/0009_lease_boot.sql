@@ -1,0 +1,11 @@
+-- Hop schema, version 9: leases measured by the machine's uptime clock, which is never stepped.
+--
+-- A lease's end was a time by the wall clock. When the clock was stepped forward (NTP setting the
+-- clock of a device that booted with a stale one, an operator's `date -s`), every lease expired
+-- at once, and a second engine on the file took over the runs a live engine was executing. Now
+-- `lease_expires_at` is a time by CLOCK_BOOTTIME (milliseconds since boot, suspend included)
+-- when `lease_boot` names the boot it was measured in (the first 64 bits of
+-- /proc/sys/kernel/random/boot_id, as a signed integer); a lease
+-- of another boot is over (its engine died with that boot). A lease without `lease_boot`, written
+-- by an older binary or where the boot is unknown, is still a time by the wall clock.
+ALTER TABLE runs ADD COLUMN lease_boot INTEGER;

@@ -1,0 +1,53 @@
+import Foundation
+import HopStore
+import HopTestSupport
+import Testing
+
+/// The wall clock of a machine is stepped while its daemons run: NTP setting the clock of a
+/// device that booted with a stale one (a board without a real-time clock), an operator's
+/// `date -s`. Its daemons share a SQLite file, so they share that clock; a step must not hand a
+/// live engine's run to another.
+@Suite struct ClockStepProcessTests {
+    /// Two copies of a daemon on one database; A executes run 1 on a lease of a minute. The clock
+    /// steps five minutes forward, and at once B looks for runs to take (a run only B can execute
+    /// was started). A is alive and executing: B must leave run 1 to it. Before, a lease's end was
+    /// a time by the wall clock, so the step expired every lease at once and B took run 1 over
+    /// while A went on executing it: its step ran twice.
+    @Test func aClockSteppedForwardPastTheLeasesLeavesALiveOwnersRunToIt() async throws {
+        let folder = try TemporaryDirectory()
+        let clock = try ClockSkew.Stepper(in: folder)
+        let environment = try await clock.environment(in: folder)
+        let owner = try ChildProcess(
+            "hop-test-daemon", ["--db", folder.database, "--external", "--engine-id", "A", "--lease", "60"],
+            environment: environment.merging(["HOP_TEST_SLOW_SPLASH": "1"]) { $1 }, directory: folder)
+        defer { owner.kill() }
+        try await owner.waitForOutput("point after:hop:splash")
+        // B has version 2 too, which A has not: only B can take a run of version 2.
+        let other = try ChildProcess(
+            "hop-test-daemon",
+            [
+                "--db", folder.database, "--external", "--engine-id", "B", "--lease", "60", "--versions", "1,2",
+                "--subject", "second", "--wait-all",
+            ], environment: environment, directory: folder)
+        defer { other.kill() }
+        try await other.waitForOutput("ready")
+        let store = try await HopStore.open(path: folder.database)
+        try await waitUntil("B completes its own run") {
+            try await store.latestRun(flow: "startup", subject: "second")?.status == .completed
+        }
+
+        try clock.step(to: 300)
+        let started = try await run(
+            "hopctl", ["start", "--flow", "startup", "--subject", "third", "--version", "2", "--db", folder.database],
+            environment: environment, in: folder)
+        #expect(started.status == 0, "\(started.stderr)")
+        let third = try #require(try await store.latestRun(flow: "startup", subject: "third"))
+        try await waitUntil("B completes the run only it can execute") {
+            try await store.run(id: third.id)?.status == .completed
+        }
+        #expect(!other.stdout.contains("executing run 1 "), "B took over the run A executes")
+        #expect(try await store.run(id: 1)?.ownerLabel == "A")
+        #expect(try await store.history(runID: 1).allSatisfy { $0.kind != .takeover })
+        #expect(bodyLines(in: folder).filter { $0 == "1 splash" }.count == 1, "the splash ran twice")
+    }
+}
