@@ -120,8 +120,10 @@ package protocol HopStorage: Sendable {
 
     // MARK: Ownership
     //
-    // A lease ends at `until` by ``now()``. A server shared by a fleet measures leases by its own
-    // clock exactly (the lease lasts from ``now()`` to `until`, added to the server's time in SQL).
+    // A lease ends at `until` by ``now()``; neither backend stores that time as such. A file
+    // measures the lease (from now to `until`) by the machine's uptime clock (`LeaseClock`), which
+    // a step of the wall clock does not move; a server shared by a fleet by its own clock (the
+    // length added to the server's time in SQL), whatever the engines' machines say.
 
     /// Takes the run for `owner` until `until` unless another incarnation holds a live lease on it.
     func claim(runID: Int64, owner: String, until: Date) async throws -> RunRecord?
