@@ -50,4 +50,42 @@ import Testing
         #expect(try await store.history(runID: 1).allSatisfy { $0.kind != .takeover })
         #expect(bodyLines(in: folder).filter { $0 == "1 splash" }.count == 1, "the splash ran twice")
     }
+
+    /// A daemon's runs park on a step with a timeout of 10 s and sleep durably 10 s (`--mixed 3`);
+    /// then the wall clock is stepped five minutes forward, or back. The step times out and the
+    /// sleep ends 10 s after they began, by this test's monotonic clock. Before, a parked step's
+    /// deadline was a time by the wall clock: the step timed out at once after a step forward,
+    /// five minutes late after a step back.
+    @Test(arguments: [300, -300])
+    func aParkedStepTimesOutAndASleepEndsOnTimeWhenTheClockIsStepped(seconds: Int) async throws {
+        let folder = try TemporaryDirectory()
+        let clock = try ClockSkew.Stepper(in: folder)
+        let launched = ContinuousClock.now
+        let daemon = try ChildProcess(
+            "hop-test-daemon", ["--db", folder.database, "--mixed", "3", "--lease", "60"],
+            environment: try await clock.environment(in: folder), keepInputOpen: true, directory: folder)
+        defer { daemon.kill() }
+        try await daemon.waitForOutput("started 3", timeout: .seconds(30))
+        let started = ContinuousClock.now
+        try clock.step(to: seconds)
+        let store = try await HopStore.open(path: folder.database)
+        let napping = try #require(try await store.latestRun(flow: "mixed", subject: "mixed-1"))
+        let waiting = try #require(try await store.latestRun(flow: "mixed", subject: "mixed-2"))
+        // Shown by the wall clock (this process's, not stepped): 10 s after the hop, not 5 min off.
+        let shown = try #require(try await store.run(id: waiting.id)?.wakeAt).timeIntervalSinceNow
+        #expect(shown > -1 && shown <= 10.5, "the step's deadline is shown \(shown) s away")
+
+        try await waitUntil("the step times out", timeout: .seconds(40)) {
+            try await store.history(runID: waiting.id).contains { $0.kind == .timeout }
+        }
+        let timedOut = ContinuousClock.now
+        try await waitUntil("the sleep ends", timeout: .seconds(40)) {
+            try await store.history(runID: napping.id).contains { $0.kind == .hop && $0.step == "done" }
+        }
+        let woke = ContinuousClock.now
+        for (what, at) in [("the step timed out", timedOut), ("the sleep ended", woke)] {
+            #expect(at - launched >= .seconds(9.5), "\(what) \(at - launched) after the daemon was launched")
+            #expect(at - started <= .seconds(16), "\(what) \(at - started) after its runs started: late")
+        }
+    }
 }

@@ -44,8 +44,8 @@ import Testing
         #expect(shown > 55 && shown <= 61 && written.leaseIsLive(), "shown to end in \(shown) s")
 
         let wall = Clock.nowMilliseconds()
-        let uptime = LeaseClock.uptimeMilliseconds()
-        let boot = try #require(LeaseClock.machine.boot, "this machine names its boots")
+        let uptime = UptimeClock.uptimeMilliseconds()
+        let boot = try #require(UptimeClock.machine.boot, "this machine names its boots")
         var db: OpaquePointer?
         defer { sqlite3_close(db) }
         let rewrite = """
@@ -65,6 +65,48 @@ import Testing
         }
         let claimed = try await store.claim(runIDs: subjects.compactMap { ids[$0] }, owner: "me", until: Date())
         #expect(Set(claimed.map(\.subject)) == ["old-over", "other-boot", "over"])
+    }
+
+    /// A parked step's deadline is due by the uptime clock in the boot it was set in (schema 10),
+    /// whatever the wall clock says; one of an earlier boot, or an older binary's (no boot), goes
+    /// by the wall clock.
+    @Test func aParkedStepIsDueByTheUptimeOfItsBootAndOtherwiseByTheWallClock() async throws {
+        let folder = try TemporaryDirectory()
+        let store = try await HopStore.open(path: folder.database)
+        var ids: [String: Int64] = [:]
+        let subjects = ["this-boot-due", "this-boot-later", "earlier-boot", "no-boot", "no-boot-later"]
+        for subject in subjects {
+            let id = try await store.startRun(flow: "startup", subject: subject, version: "1").run.id
+            ids[subject] = id
+            let hop = RunWrite.hop(
+                step: "login", from: nil, parks: true, wakeOn: nil, deadline: Date().addingTimeInterval(60))
+            _ = try await store.record([hop], runID: id, owner: nil, durability: .now)
+        }
+        let shown = try #require(try await store.run(id: ids["this-boot-later"] ?? 0)?.wakeAt).timeIntervalSinceNow
+        #expect(shown > 55 && shown <= 61, "shown due in \(shown) s")
+        #expect(try await store.dueTimeouts(now: Date()).isEmpty)
+
+        let wall = Clock.nowMilliseconds()
+        let uptime = UptimeClock.uptimeMilliseconds()
+        let boot = try #require(UptimeClock.machine.boot, "this machine names its boots")
+        // As if the wall clock had been stepped an hour forward: every wall-clock deadline is past.
+        let rewrite = """
+            UPDATE runs SET wake_at = \(wall - 1000);
+            UPDATE runs SET wake_uptime = \(uptime - 1000) WHERE subject = 'this-boot-due';
+            UPDATE runs SET wake_boot = \(boot &+ 1), wake_uptime = \(uptime + 60_000) WHERE subject = 'earlier-boot';
+            UPDATE runs SET wake_boot = NULL, wake_uptime = NULL WHERE subject = 'no-boot';
+            UPDATE runs SET wake_boot = NULL, wake_uptime = NULL, wake_at = \(wall + 60_000) WHERE subject = 'no-boot-later';
+            """
+        var db: OpaquePointer?
+        defer { sqlite3_close(db) }
+        #expect(
+            sqlite3_open(folder.database, &db) == SQLITE_OK && sqlite3_exec(db, rewrite, nil, nil, nil) == SQLITE_OK)
+
+        let due = try await store.dueTimeouts(now: Date())
+        #expect(Set(due.map(\.subject)) == ["this-boot-due", "earlier-boot", "no-boot"])
+        // The earlier boot's deadline now goes by the wall clock alone.
+        let earlier = try #require(try await store.run(id: ids["earlier-boot"] ?? 0))
+        #expect(earlier.wakeAt.map(Clock.milliseconds) == wall - 1000)
     }
 
     @Test func historiesOfManyRunsAreReadInOrderPerRun() async throws {

@@ -90,6 +90,12 @@ import Testing
             ("parked runs", HopStore.unfinishedRunsSQL(.parked), "runs_unfinished (status=? AND flow=?)", false),
             ("waking runs", HopStore.wakingRunsSQL, "runs_waking (subject=? AND wake_on=?)", false),
             ("runs without a patch", HopStore.runsWithoutPatchSQL, "runs_unfinished (status=? AND flow=?)", true),
+            // The due steps: both searches (each index holds one kind of deadline), then sorted.
+            (
+                "due steps of this boot", HopStore.dueTimeoutsSQL,
+                "runs_by_wake_uptime (wake_boot=? AND wake_uptime<?)", true
+            ),
+            ("due steps of no boot", HopStore.dueTimeoutsSQL, "runs_by_wake_at (wake_at<?)", true),
         ]
         for (what, sql, index, sorted) in statements {
             let plan = try await store.explain(sql)

@@ -49,7 +49,7 @@ extension HopStore {
     package func renewLeases(owner: String, runIDs: [Int64], until: Date) async throws -> Set<Int64> {
         guard !runIDs.isEmpty else { return [] }
         let operation = "renew leases"
-        let lease = LeaseClock.machine.lease(until: until)
+        let lease = UptimeClock.machine.lease(until: until)
         return try await transaction(operation) { tx in
             Set(
                 try tx.query(
@@ -117,14 +117,14 @@ extension HopStore {
         versions: [String: [String]], now: Date = Date(), limit: Int = .max
     ) throws -> [RunRecord] {
         var runs: [RunRecord] = []
-        let clock = LeaseClock.machine
+        let clock = UptimeClock.machine
         for (flow, flowVersions) in versions.sorted(by: { $0.key < $1.key }) {
             runs += try connection.query(
                 Self.claimableRunsSQL,
                 [
                     .text(flow), .integer(Clock.milliseconds(now)), .text(Self.jsonList(flowVersions)),
                     .integer(Int64(limit)), clock.boot.map(SQLValue.integer) ?? .null,
-                    .integer(LeaseClock.uptimeMilliseconds()),
+                    .integer(UptimeClock.uptimeMilliseconds()),
                 ],
                 operation: "list runs to resume of \(flow)", RunRecord.init(row:))
         }
@@ -142,12 +142,41 @@ extension HopStore {
         ORDER BY id LIMIT ?4
         """
 
-    /// Parked runs whose step's deadline has passed.
-    package func dueTimeouts(now: Date = Date()) throws -> [RunRecord] {
-        try connection.query(
-            "SELECT \(RunRecord.columns) FROM runs WHERE wake_at <= ?1 AND status = \(RunStatus.parked.sql) ORDER BY wake_at",
-            [.integer(Clock.milliseconds(now))], operation: "list due timeouts", RunRecord.init(row:))
+    /// Parked runs whose step's deadline has passed: by the uptime clock for a deadline of this
+    /// boot (schema 10), by the wall clock `now` for one of no boot. A deadline of an earlier boot
+    /// is first made one of no boot (its wall-clock time goes), once after a reboot.
+    package func dueTimeouts(now: Date = Date()) async throws -> [RunRecord] {
+        let operation = "list due timeouts"
+        let boot = UptimeClock.machine.boot.map(SQLValue.integer) ?? .null
+        // (Two searches of the index by boot and uptime, for the boots before and after this one.)
+        if try connection.queryOne(
+            "SELECT 1 FROM runs WHERE wake_boot IS NOT NULL AND (?1 IS NULL OR wake_boot < ?1 OR wake_boot > ?1) LIMIT 1",
+            [boot], operation: operation, { _ in true }) != nil
+        {
+            try await transaction(operation) { tx in
+                try tx.run(
+                    """
+                    UPDATE runs SET wake_boot = NULL, wake_uptime = NULL
+                    WHERE wake_boot IS NOT NULL AND (?1 IS NULL OR wake_boot < ?1 OR wake_boot > ?1)
+                    """, [boot], operation: operation)
+            }
+        }
+        return try connection.query(
+            Self.dueTimeoutsSQL,
+            [.integer(Clock.milliseconds(now)), boot, .integer(UptimeClock.uptimeMilliseconds())],
+            operation: operation, RunRecord.init(row:))
     }
+
+    /// The parked runs due by the wall clock `?1` (a deadline of no boot) or by uptime `?3` in
+    /// boot `?2`: each a search of its own index, which holds no deadline of the other kind.
+    static let dueTimeoutsSQL = """
+        SELECT \(RunRecord.columns) FROM runs
+        WHERE wake_boot = ?2 AND wake_uptime <= ?3 AND status = \(RunStatus.parked.sql)
+        UNION ALL
+        SELECT \(RunRecord.columns) FROM runs
+        WHERE wake_boot IS NULL AND wake_at <= ?1 AND status = \(RunStatus.parked.sql)
+        ORDER BY wake_at
+        """
 
     /// The status and owner of each of `runIDs` that still exists.
     package func statuses(of runIDs: [Int64]) throws -> [Int64: (status: RunStatus, owner: String?)] {
@@ -162,7 +191,7 @@ extension HopStore {
 
     /// SQL: whether the run's lease is over, at the wall-clock time `wall`, or at uptime `uptime`
     /// in boot `boot` (placeholders). A lease measured in this boot goes by the uptime clock
-    /// (``LeaseClock``), one of another boot is over, one without a boot goes by the wall clock.
+    /// (``UptimeClock``), one of another boot is over, one without a boot goes by the wall clock.
     /// No lease at all (an owner without one) is never over: only its engine's death frees the run.
     static func leaseOver(wall: String, boot: String, uptime: String) -> String {
         "CASE WHEN lease_boot IS NULL THEN lease_expires_at < \(wall) WHEN lease_boot = \(boot)"
@@ -187,12 +216,12 @@ extension WriteTransaction {
         selection: String, _ selected: [SQLValue], owner: String, until: Date, operation: String
     ) throws -> [RunRecord] {
         let now = Clock.nowMilliseconds()
-        let clock = LeaseClock.machine
+        let clock = UptimeClock.machine
         let lease = clock.lease(until: until)
         // ?2 the claimer, ?3 now, ?4 its label, ?5 its lease's end, ?6 this boot, ?7 the uptime.
         let values: [SQLValue] = [
             .text(owner), .integer(now), .text(Incarnation.label(of: owner)), .integer(lease.expiresAt),
-            lease.boot.map(SQLValue.integer) ?? .null, .integer(LeaseClock.uptimeMilliseconds()),
+            lease.boot.map(SQLValue.integer) ?? .null, .integer(UptimeClock.uptimeMilliseconds()),
         ]
         let over = HopStore.leaseOver(wall: "?3", boot: "?6", uptime: "?7")
         let claimable =

@@ -175,16 +175,21 @@ extension WriteTransaction {
             runID: runID, .hop, step: step, token: token, value: deadlineValue, after: lastSeq, touchesRun: false,
             operation: operation)
         if parks {
-            // Parked: held by no engine until an unhop, a change or its deadline wakes it.
+            // Parked: held by no engine until an unhop, a change or its deadline wakes it. The
+            // deadline by the uptime clock too: a step of the wall clock moves it no nearer.
+            let clock = UptimeClock.machine
+            let uptime = deadline.flatMap(clock.uptime(at:))
             try self.run(
                 """
                 UPDATE runs SET current_step = ?2, current_token = ?3, status = \(RunStatus.parked.sql), wake_on = ?4,
-                    wake_at = ?5, owner = NULL, lease_expires_at = NULL, updated_at = ?6
+                    wake_at = ?5, wake_boot = ?7, wake_uptime = ?8, owner = NULL, lease_expires_at = NULL,
+                    updated_at = ?6
                 WHERE id = ?1
                 """,
                 [
                     .integer(runID), .text(step), .text(token), .optional(wakeOn?.rawValue),
                     .optional(deadline.map(Clock.milliseconds)), .integer(Clock.nowMilliseconds()),
+                    .optional(uptime == nil ? nil : clock.boot), .optional(uptime),
                 ],
                 operation: operation)
             if let wakeOn { try endIfAlreadyWoken(runID: runID, wakeOn: wakeOn, operation: operation) }

@@ -8,7 +8,7 @@ import Foundation
 
 extension RunRecord {
     static let columns =
-        "id, flow, subject, flow_version, status, current_step, current_token, wake_on, owner, lease_expires_at, created_at, updated_at, wake_at, lease_boot"
+        "id, flow, subject, flow_version, status, current_step, current_token, wake_on, owner, lease_expires_at, created_at, updated_at, wake_at, lease_boot, wake_boot, wake_uptime"
 
     init(row: Row) {
         id = row.int64(0)
@@ -22,11 +22,13 @@ extension RunRecord {
         owner = row.optionalText(8)
         // By the uptime clock in this boot (schema 9), else by the wall clock: shown by the wall clock.
         leaseExpiresAt = row.optionalInt64(9).map {
-            LeaseClock.machine.wallClockEnd(expiresAt: $0, boot: row.optionalInt64(13))
+            UptimeClock.machine.wallClockEnd(expiresAt: $0, boot: row.optionalInt64(13))
         }
         createdAt = Clock.date(row.int64(10))
         updatedAt = Clock.date(row.int64(11))
-        wakeAt = row.optionalInt64(12).map(Clock.date)
+        wakeAt = row.optionalInt64(12).map {
+            UptimeClock.machine.wallClockDeadline(wall: $0, uptime: row.optionalInt64(15), boot: row.optionalInt64(14))
+        }
     }
 }
 

@@ -81,7 +81,7 @@ extension WriteTransaction {
         } else {
             try connection.run(
                 """
-                UPDATE runs SET current_step = NULL, current_token = NULL, wake_on = NULL, wake_at = NULL,
+                UPDATE runs SET current_step = NULL, current_token = NULL, wake_on = NULL, wake_at = NULL, wake_boot = NULL, wake_uptime = NULL,
                     status = \(RunStatus.running.sql), updated_at = ?2
                 WHERE id = ?1
                 """,
@@ -139,12 +139,12 @@ extension WriteTransaction {
         try connection.run(
             endsStep
                 ? """
-                UPDATE runs SET status = ?2, current_step = NULL, current_token = NULL, wake_on = NULL, wake_at = NULL,
+                UPDATE runs SET status = ?2, current_step = NULL, current_token = NULL, wake_on = NULL, wake_at = NULL, wake_boot = NULL, wake_uptime = NULL,
                     owner = NULL, lease_expires_at = NULL, updated_at = ?3
                 WHERE id = ?1
                 """
                 : """
-                UPDATE runs SET status = ?2, current_token = NULL, wake_on = NULL, wake_at = NULL, owner = NULL,
+                UPDATE runs SET status = ?2, current_token = NULL, wake_on = NULL, wake_at = NULL, wake_boot = NULL, wake_uptime = NULL, owner = NULL,
                     lease_expires_at = NULL, updated_at = ?3
                 WHERE id = ?1
                 """,
@@ -161,7 +161,7 @@ extension WriteTransaction {
         flow: String, subject: String, version: String, owner: String? = nil, until: Date? = nil, operation: String
     ) throws -> RunRecord {
         let now = Clock.nowMilliseconds()
-        let lease = until.map(LeaseClock.machine.lease(until:))
+        let lease = until.map(UptimeClock.machine.lease(until:))
         // A new run never takes the id of a run whose records were lost (see `Connection.runIDFloor`):
         // SQLite would otherwise hand the id of a rolled-back insert out again.
         try connection.run(

@@ -121,7 +121,7 @@ package protocol HopStorage: Sendable {
     // MARK: Ownership
     //
     // A lease ends at `until` by ``now()``; neither backend stores that time as such. A file
-    // measures the lease (from now to `until`) by the machine's uptime clock (`LeaseClock`), which
+    // measures the lease (from now to `until`) by the machine's uptime clock (`UptimeClock`), which
     // a step of the wall clock does not move; a server shared by a fleet by its own clock (the
     // length added to the server's time in SQL), whatever the engines' machines say.
 
