@@ -109,6 +109,22 @@ import Testing
         #expect(earlier.wakeAt.map(Clock.milliseconds) == wall - 1000)
     }
 
+    /// A time stored by the uptime clock reads back as the same wall-clock time every time: a
+    /// run read twice is equal. (Converting by two clock readings each time gave a millisecond
+    /// more now and then, when the readings straddled one.)
+    @Test func aTimeByTheUptimeClockReadsBackTheSameEveryTime() throws {
+        let clock = UptimeClock.machine
+        let boot = try #require(clock.boot, "this machine names its boots")
+        let stored = UptimeClock.uptimeMilliseconds() + 60_000
+        let first = clock.wallClockDeadline(wall: 0, uptime: stored, boot: boot)
+        var different = 0
+        for _ in 0..<200_000 where clock.wallClockDeadline(wall: 0, uptime: stored, boot: boot) != first {
+            different += 1
+        }
+        #expect(different == 0, "\(different) of 200,000 reads differ from the first")
+        #expect(clock.wallClockEnd(expiresAt: stored, boot: boot) == first)
+    }
+
     @Test func historiesOfManyRunsAreReadInOrderPerRun() async throws {
         let folder = try TemporaryDirectory()
         let store = try await HopStore.open(path: folder.database)

@@ -1,3 +1,5 @@
+import Synchronization
+
 #if canImport(FoundationEssentials)
 import FoundationEssentials
 #else
@@ -32,13 +34,13 @@ package struct UptimeClock: Sendable {
     /// boot and the boot, or in milliseconds by the wall clock without a boot.
     package func lease(until: Date) -> (expiresAt: Int64, boot: Int64?) {
         guard let boot else { return (Clock.milliseconds(until), nil) }
-        return (Self.uptimeMilliseconds() + Clock.milliseconds(until) - Clock.nowMilliseconds(), boot)
+        return (Clock.milliseconds(until) - Self.wallClockAtBoot(), boot)
     }
 
     /// `date` (by the wall clock) in milliseconds since boot; `nil` where the boot is unknown.
     package func uptime(at date: Date) -> Int64? {
         guard boot != nil else { return nil }
-        return Self.uptimeMilliseconds() + Clock.milliseconds(date) - Clock.nowMilliseconds()
+        return Clock.milliseconds(date) - Self.wallClockAtBoot()
     }
 
     /// When a stored lease ends by the wall clock, for display and for ``RunRecord/leaseIsLive(at:)``:
@@ -46,15 +48,41 @@ package struct UptimeClock: Sendable {
     package func wallClockEnd(expiresAt: Int64, boot leaseBoot: Int64?) -> Date {
         guard let leaseBoot else { return Clock.date(expiresAt) }
         guard leaseBoot == boot else { return Clock.date(0) }
-        return Clock.date(Clock.nowMilliseconds() + expiresAt - Self.uptimeMilliseconds())
+        return Clock.date(expiresAt + Self.wallClockAtBoot())
     }
 
     /// A parked step's deadline by the wall clock, for display: measured by the uptime clock in
     /// this boot (`uptime`), else the wall-clock time stored with it (`wall`).
     package func wallClockDeadline(wall: Int64, uptime: Int64?, boot deadlineBoot: Int64?) -> Date {
         guard let uptime, let deadlineBoot, deadlineBoot == boot else { return Clock.date(wall) }
-        return Clock.date(Clock.nowMilliseconds() + uptime - Self.uptimeMilliseconds())
+        return Clock.date(uptime + Self.wallClockAtBoot())
     }
+
+    /// The wall-clock time of the boot, in milliseconds (the wall clock minus the uptime clock):
+    /// what converts a time by one clock into the other. Measured at every conversion, between
+    /// two readings of the uptime clock no more than a millisecond apart (a thread preempted
+    /// between its readings measures again), but the last value is kept while the new one is
+    /// within 5 ms of it, so that a stored time converts to the same value from one read to the
+    /// next: the two clocks' milliseconds do not turn over together, so their difference
+    /// alternates between two values. NTP's slewing moves it about 0.5 ms a second at most, a
+    /// step at once.
+    static func wallClockAtBoot() -> Int64 {
+        var measured: Int64 = 0
+        for _ in 0..<5 {
+            let before = uptimeMilliseconds()
+            let wall = Clock.nowMilliseconds()
+            let after = uptimeMilliseconds()
+            measured = wall - before
+            if after - before <= 1 { break }
+        }
+        return kept.withLock { kept in
+            if let value = kept, abs(value - measured) <= 5 { return value }
+            kept = measured
+            return measured
+        }
+    }
+
+    private static let kept = Mutex<Int64?>(nil)
 
     /// Milliseconds since the machine booted, suspend included.
     package static func uptimeMilliseconds() -> Int64 {
