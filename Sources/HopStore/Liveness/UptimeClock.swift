@@ -33,8 +33,8 @@ package struct UptimeClock: Sendable {
     /// A lease that ends at `until` by the wall clock, as stored: its end in milliseconds since
     /// boot and the boot, or in milliseconds by the wall clock without a boot.
     package func lease(until: Date) -> (expiresAt: Int64, boot: Int64?) {
-        guard let boot else { return (Clock.milliseconds(until), nil) }
-        return (Clock.milliseconds(until) - Self.wallClockAtBoot(), boot)
+        guard let uptime = uptime(at: until) else { return (Clock.milliseconds(until), nil) }
+        return (uptime, boot)
     }
 
     /// `date` (by the wall clock) in milliseconds since boot; `nil` where the boot is unknown.
@@ -46,15 +46,20 @@ package struct UptimeClock: Sendable {
     /// When a stored lease ends by the wall clock, for display and for ``RunRecord/leaseIsLive(at:)``:
     /// a lease of another boot ended when that boot did (shown as the epoch).
     package func wallClockEnd(expiresAt: Int64, boot leaseBoot: Int64?) -> Date {
-        guard let leaseBoot else { return Clock.date(expiresAt) }
-        guard leaseBoot == boot else { return Clock.date(0) }
-        return Clock.date(expiresAt + Self.wallClockAtBoot())
+        guard leaseBoot != nil else { return Clock.date(expiresAt) }
+        return wallClock(uptime: expiresAt, boot: leaseBoot) ?? Clock.date(0)
     }
 
     /// A parked step's deadline by the wall clock, for display: measured by the uptime clock in
     /// this boot (`uptime`), else the wall-clock time stored with it (`wall`).
     package func wallClockDeadline(wall: Int64, uptime: Int64?, boot deadlineBoot: Int64?) -> Date {
-        guard let uptime, let deadlineBoot, deadlineBoot == boot else { return Clock.date(wall) }
+        uptime.flatMap { wallClock(uptime: $0, boot: deadlineBoot) } ?? Clock.date(wall)
+    }
+
+    /// `uptime` (milliseconds since boot `uptimeBoot`) by the wall clock; `nil` for a time of
+    /// another boot, or of no boot.
+    private func wallClock(uptime: Int64, boot uptimeBoot: Int64?) -> Date? {
+        guard let boot, uptimeBoot == boot else { return nil }
         return Clock.date(uptime + Self.wallClockAtBoot())
     }
 

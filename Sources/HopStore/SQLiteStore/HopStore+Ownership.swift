@@ -216,8 +216,7 @@ extension WriteTransaction {
         selection: String, _ selected: [SQLValue], owner: String, until: Date, operation: String
     ) throws -> [RunRecord] {
         let now = Clock.nowMilliseconds()
-        let clock = UptimeClock.machine
-        let lease = clock.lease(until: until)
+        let lease = UptimeClock.machine.lease(until: until)
         // ?2 the claimer, ?3 now, ?4 its label, ?5 its lease's end, ?6 this boot, ?7 the uptime.
         let values: [SQLValue] = [
             .text(owner), .integer(now), .text(Incarnation.label(of: owner)), .integer(lease.expiresAt),
