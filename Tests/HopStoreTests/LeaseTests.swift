@@ -46,16 +46,13 @@ import Testing
         let wall = Clock.nowMilliseconds()
         let uptime = UptimeClock.uptimeMilliseconds()
         let boot = try #require(UptimeClock.machine.boot, "this machine names its boots")
-        var db: OpaquePointer?
-        defer { sqlite3_close(db) }
         let rewrite = """
             UPDATE runs SET lease_boot = NULL, lease_expires_at = \(wall + 60_000) WHERE subject = 'old-live';
             UPDATE runs SET lease_boot = NULL, lease_expires_at = \(wall - 1000) WHERE subject = 'old-over';
             UPDATE runs SET lease_boot = \(boot &+ 1), lease_expires_at = \(uptime + 60_000) WHERE subject = 'other-boot';
             UPDATE runs SET lease_boot = \(boot), lease_expires_at = \(uptime - 1000) WHERE subject = 'over';
             """
-        #expect(
-            sqlite3_open(folder.database, &db) == SQLITE_OK && sqlite3_exec(db, rewrite, nil, nil, nil) == SQLITE_OK)
+        #expect(Self.execute(rewrite, on: folder.database))
 
         let claimable = try await store.claimableRuns(versions: ["startup": ["1"]], now: Date(), limit: 10)
         #expect(Set(claimable.map(\.subject)) == ["old-over", "other-boot", "over"])
@@ -97,10 +94,7 @@ import Testing
             UPDATE runs SET wake_boot = NULL, wake_uptime = NULL WHERE subject = 'no-boot';
             UPDATE runs SET wake_boot = NULL, wake_uptime = NULL, wake_at = \(wall + 60_000) WHERE subject = 'no-boot-later';
             """
-        var db: OpaquePointer?
-        defer { sqlite3_close(db) }
-        #expect(
-            sqlite3_open(folder.database, &db) == SQLITE_OK && sqlite3_exec(db, rewrite, nil, nil, nil) == SQLITE_OK)
+        #expect(Self.execute(rewrite, on: folder.database))
 
         let due = try await store.dueTimeouts(now: Date())
         #expect(Set(due.map(\.subject)) == ["this-boot-due", "earlier-boot", "no-boot"])
@@ -123,6 +117,14 @@ import Testing
         }
         #expect(different == 0, "\(different) of 200,000 reads differ from the first")
         #expect(clock.wallClockEnd(expiresAt: stored, boot: boot) == first)
+    }
+
+    /// Runs `sql` on the database file at `path` behind the store's back (as another binary
+    /// would write it); whether it succeeded.
+    static func execute(_ sql: String, on path: String) -> Bool {
+        var db: OpaquePointer?
+        defer { sqlite3_close(db) }
+        return sqlite3_open(path, &db) == SQLITE_OK && sqlite3_exec(db, sql, nil, nil, nil) == SQLITE_OK
     }
 
     @Test func historiesOfManyRunsAreReadInOrderPerRun() async throws {
