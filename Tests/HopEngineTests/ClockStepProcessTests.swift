@@ -7,7 +7,7 @@ import Testing
 /// device that booted with a stale one (a board without a real-time clock), an operator's
 /// `date -s`. Its daemons share a SQLite file, so they share that clock; a step must not hand a
 /// live engine's run to another.
-@Suite struct ClockStepProcessTests {
+@Suite(.serialized) struct ClockStepProcessTests {
     /// Two copies of a daemon on one database; A executes run 1 on a lease of a minute. The clock
     /// steps five minutes forward, and at once B looks for runs to take (a run only B can execute
     /// was started). A is alive and executing: B must leave run 1 to it. Before, a lease's end was

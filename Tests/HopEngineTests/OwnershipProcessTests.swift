@@ -90,7 +90,7 @@ import Testing
         let held = try #require(try await store.run(id: 1))
         let expiry = try #require(
             held.leaseExpiresAt, "A held the run until the freeze: A: \(owner.stdout) B: \(other.stdout)")
-        try await other.waitForOutput("parked onboarding", timeout: .seconds(15))
+        try await other.waitForOutput("parked onboarding", timeout: .seconds(30))
         let history = try await store.history(runID: 1)
         let takeover = try #require(history.first { $0.kind == .takeover })
         #expect(takeover.at >= expiry, "taken over \(expiry.timeIntervalSince(takeover.at)) s before the lease expired")
@@ -144,7 +144,7 @@ import Testing
         let store = try await backend.open(folder)
         // Frozen with its unhop held: nothing of the step's end is in the database.
         #expect(try await store.history(runID: 1).map(\.kind) == [.hop])
-        try await waitUntil("B took the run over and entered splash again", timeout: .seconds(15)) {
+        try await waitUntil("B took the run over and entered splash again", timeout: .seconds(30)) {
             bodyLines(in: folder).filter { $0 == "1 splash" }.count == 2
         }
         let history = try await store.history(runID: 1)
@@ -201,12 +201,13 @@ import Testing
     /// steps, their step bodies noted in the test's folder whatever the backend. The lease is
     /// short, so that the test waits little for it to expire, but renewed often enough that the
     /// owner keeps it until the test freezes it, on a machine loaded by the whole suite: 3 s on
-    /// SQLite (renewed every second); 8 s on PostgreSQL, where a server shared by the suite's
-    /// tests once delayed an owner's renewals past 3 s (its run was taken over before the freeze).
+    /// SQLite (renewed every second); 12 s on PostgreSQL, where a server shared by the suite's
+    /// tests once delayed an owner's renewals past 3 s, and later past 8 s, with the clock tests'
+    /// daemons running beside (its run was taken over before the freeze).
     private static func twinArguments(_ backend: TestBackend, _ folder: TemporaryDirectory) async throws -> [String] {
         [
             "--db", try await backend.location(folder), "--files", folder.database, "--external", "--engine-id", "twin",
-            "--lease", backend.name == TestBackend.postgres.name ? "8" : "3",
+            "--lease", backend.name == TestBackend.postgres.name ? "12" : "3",
         ]
     }
 
