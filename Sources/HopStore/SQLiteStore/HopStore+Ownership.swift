@@ -60,7 +60,7 @@ extension HopStore {
                     """,
                     [
                         .text(Self.jsonList(runIDs)), .text(owner), .integer(lease.expiresAt),
-                        lease.boot.map(SQLValue.integer) ?? .null,
+                        .optional(lease.boot),
                     ],
                     operation: operation
                 ) { $0.int64(0) })
@@ -117,13 +117,12 @@ extension HopStore {
         versions: [String: [String]], now: Date = Date(), limit: Int = .max
     ) throws -> [RunRecord] {
         var runs: [RunRecord] = []
-        let clock = UptimeClock.machine
         for (flow, flowVersions) in versions.sorted(by: { $0.key < $1.key }) {
             runs += try connection.query(
                 Self.claimableRunsSQL,
                 [
                     .text(flow), .integer(Clock.milliseconds(now)), .text(Self.jsonList(flowVersions)),
-                    .integer(Int64(limit)), clock.boot.map(SQLValue.integer) ?? .null,
+                    .integer(Int64(limit)), .optional(UptimeClock.machine.boot),
                     .integer(UptimeClock.uptimeMilliseconds()),
                 ],
                 operation: "list runs to resume of \(flow)", RunRecord.init(row:))
@@ -147,7 +146,7 @@ extension HopStore {
     /// is first made one of no boot (its wall-clock time goes), once after a reboot.
     package func dueTimeouts(now: Date = Date()) async throws -> [RunRecord] {
         let operation = "list due timeouts"
-        let boot = UptimeClock.machine.boot.map(SQLValue.integer) ?? .null
+        let boot = SQLValue.optional(UptimeClock.machine.boot)
         // (Two searches of the index by boot and uptime, for the boots before and after this one.)
         if try connection.queryOne(
             "SELECT 1 FROM runs WHERE wake_boot IS NOT NULL AND (?1 IS NULL OR wake_boot < ?1 OR wake_boot > ?1) LIMIT 1",
@@ -220,7 +219,7 @@ extension WriteTransaction {
         // ?2 the claimer, ?3 now, ?4 its label, ?5 its lease's end, ?6 this boot, ?7 the uptime.
         let values: [SQLValue] = [
             .text(owner), .integer(now), .text(Incarnation.label(of: owner)), .integer(lease.expiresAt),
-            lease.boot.map(SQLValue.integer) ?? .null, .integer(UptimeClock.uptimeMilliseconds()),
+            .optional(lease.boot), .integer(UptimeClock.uptimeMilliseconds()),
         ]
         let over = HopStore.leaseOver(wall: "?3", boot: "?6", uptime: "?7")
         let claimable =

@@ -174,8 +174,8 @@ extension WriteTransaction {
             """,
             [
                 .text(flow), .text(subject), .text(version), .integer(now), owner.map(SQLValue.text) ?? .null,
-                lease.map { .integer($0.expiresAt) } ?? .null, .integer(connection.runIDFloor),
-                lease?.boot.map(SQLValue.integer) ?? .null,
+                .optional(lease?.expiresAt), .integer(connection.runIDFloor),
+                .optional(lease?.boot),
             ], operation: operation)
         return try requireRun(connection.lastInsertedRowID, operation: operation)
     }
