@@ -595,7 +595,9 @@ extension PostgresTransaction {
             return try await append(runID: runID, .patch, step: name)
         case .timer(let name, let deadline):
             _ = try await requireRunning(runID, owner: owner, operation: operation)
-            return try await append(runID: runID, .timer, step: name, value: "\(Clock.milliseconds(deadline))")
+            return try await append(
+                runID: runID, .timer, step: name,
+                value: HistoryEntry.deadlineValue(.timer, milliseconds: Clock.milliseconds(deadline)))
         case .markUsed(let feature):
             let run = try await requireRunning(runID, owner: owner, operation: operation)
             try await self.run(
@@ -622,7 +624,7 @@ extension PostgresTransaction {
         }
         if let from { try await append(runID: runID, .transition, step: step, value: from) }
         let token = Token.random()
-        let deadlineValue = deadline.map { #"{"deadline":\#(Clock.milliseconds($0))}"# }
+        let deadlineValue = deadline.map { HistoryEntry.deadlineValue(.hop, milliseconds: Clock.milliseconds($0)) }
         let event = try await append(
             runID: runID, .hop, step: step, token: token, value: deadlineValue, touchesRun: false)
         try await self.run(

@@ -88,4 +88,53 @@ import Testing
             #expect(at - started <= .seconds(16), "\(what) \(at - started) after its runs started: late")
         }
     }
+
+    /// As above, but the daemon is killed after the step of the clock and started again, so its
+    /// deadlines are read back from the database: the step in process ("work", which times out
+    /// after 10 s here), the durable sleep and the parked step. Each ends 10 s after it began,
+    /// by this test's monotonic clock. Before, the deadlines of the step in process and of the
+    /// sleep were read back as times by the wall clock (those a running daemon waits for by the
+    /// monotonic clock): they ended at once after a step forward, five minutes late after a step back.
+    @Test(arguments: [300, -300])
+    func deadlinesReadBackAfterARestartEndOnTimeWhenTheClockWasStepped(seconds: Int) async throws {
+        let folder = try TemporaryDirectory()
+        let clock = try ClockSkew.Stepper(in: folder)
+        let environment = try await clock.environment(in: folder).merging(["HOP_TEST_WORK_TIMEOUT": "10"]) { $1 }
+        let arguments = ["--db", folder.database, "--mixed", "3", "--lease", "60"]
+        let launched = ContinuousClock.now
+        let first = try ChildProcess(
+            "hop-test-daemon", arguments, environment: environment, keepInputOpen: true, directory: folder)
+        defer { first.kill() }
+        try await first.waitForOutput("started 3", timeout: .seconds(30))
+        let started = ContinuousClock.now
+        try clock.step(to: seconds)
+        first.kill()
+        try await first.waitForExit()
+        let second = try ChildProcess(
+            "hop-test-daemon", arguments, environment: environment, keepInputOpen: true, directory: folder)
+        defer { second.kill() }
+
+        let store = try await HopStore.open(path: folder.database)
+        var runs: [RunRecord] = []
+        for subject in ["mixed-0", "mixed-1", "mixed-2"] {
+            runs.append(try #require(try await store.latestRun(flow: "mixed", subject: subject)))
+        }
+        var ended: [String: ContinuousClock.Instant] = [:]
+        try await waitUntil("every deadline passes", timeout: .seconds(40)) {
+            for (what, run) in zip(
+                ["the step in process timed out", "the sleep ended", "the parked step timed out"], runs)
+            where ended[what] == nil {
+                let history = try await store.history(runID: run.id)
+                if history.contains(where: { $0.kind == .timeout || ($0.kind == .hop && $0.step == "done") }) {
+                    ended[what] = ContinuousClock.now
+                }
+            }
+            return ended.count == runs.count
+        }
+        for (what, at) in ended {
+            #expect(at - launched >= .seconds(9.5), "\(what) \(at - launched) after the daemon was first launched")
+            #expect(at - started <= .seconds(16), "\(what) \(at - started) after its runs started: late")
+        }
+        #expect(second.stdout.contains("started 3"), "the daemon started again did not resume its runs")
+    }
 }

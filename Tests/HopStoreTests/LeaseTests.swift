@@ -105,6 +105,62 @@ import Testing
         #expect(earlier.wakeAt.map(Clock.milliseconds) == wall - 1000)
     }
 
+    /// The deadline a timer or a hop with a timeout records reads back by the uptime clock in
+    /// the boot it was set in (schema 11): after a step of the wall clock, as the same time from
+    /// now. One of an earlier boot, or an older binary's (no boot), reads back as written. A
+    /// forked run's copy keeps it by the uptime clock too.
+    @Test func aRecordedDeadlineReadsBackByTheUptimeOfItsBootAndOtherwiseAsWritten() async throws {
+        let folder = try TemporaryDirectory()
+        let store = try await HopStore.open(path: folder.database)
+        let deadline = Date().addingTimeInterval(60)
+        var ids: [String: Int64] = [:]
+        let subjects = ["timer", "hop", "earlier-boot", "no-boot"]
+        for subject in subjects {
+            let id = try await store.startRun(flow: "startup", subject: subject, version: "1").run.id
+            ids[subject] = id
+            let write =
+                subject == "hop"
+                ? RunWrite.hop(step: "work", from: nil, parks: false, wakeOn: nil, deadline: deadline)
+                : RunWrite.timer(name: "nap", deadline: deadline)
+            _ = try await store.record([write], runID: id, owner: nil, durability: .now)
+        }
+        func recorded(_ subject: String) async throws -> Date? {
+            try await store.history(runID: ids[subject] ?? 0).last?.deadline
+        }
+        for subject in subjects {
+            let read = try #require(try await recorded(subject), "\(subject)")
+            #expect(
+                abs(read.timeIntervalSince(deadline)) <= 0.01,
+                "\(subject): read \(read.timeIntervalSince(deadline)) s off")
+        }
+
+        // As if the wall clock had been stepped an hour forward: every value is an hour behind it.
+        let boot = try #require(UptimeClock.machine.boot, "this machine names its boots")
+        let behind = Clock.milliseconds(deadline) - 3_600_000
+        let rewrite = """
+            UPDATE history SET value = CASE kind WHEN 'hop' THEN '{"deadline":\(behind)}' ELSE '\(behind)' END;
+            UPDATE history SET deadline_boot = \(boot &+ 1) WHERE run_id = \(ids["earlier-boot"] ?? 0);
+            UPDATE history SET deadline_boot = NULL, deadline_uptime = NULL WHERE run_id = \(ids["no-boot"] ?? 0);
+            """
+        #expect(Self.execute(rewrite, on: folder.database))
+        for subject in subjects {
+            let read = try #require(try await recorded(subject), "\(subject)")
+            let expected = ["timer", "hop"].contains(subject) ? deadline : Clock.date(behind)
+            #expect(
+                abs(read.timeIntervalSince(expected)) <= 0.01,
+                "\(subject): read \(read.timeIntervalSince(expected)) s off")
+        }
+
+        let forked = try await store.forkRun(flow: "startup", subject: "timer", through: 1).new
+        ids["forked"] = forked.id
+        #expect(try await store.history(runID: forked.id).map(\.kind) == [.fork, .timer])
+        #expect(Self.execute("UPDATE history SET value = '\(behind)' WHERE run_id = \(forked.id)", on: folder.database))
+        let copied = try #require(try await recorded("forked"))
+        #expect(
+            abs(copied.timeIntervalSince(deadline)) <= 0.01,
+            "the fork's copy read \(copied.timeIntervalSince(deadline)) s off")
+    }
+
     /// A time stored by the uptime clock reads back as the same wall-clock time every time: a
     /// run read twice is equal. (Converting by two clock readings each time gave a millisecond
     /// more now and then, when the readings straddled one.)

@@ -168,9 +168,9 @@ final class RunExecutor: FlowExecution {
     func sleep(for duration: Duration, name: String) async throws {
         let deadline: Date
         if let recorded = try replay.withLock({ try $0.consume(.timer, name) }),
-            let milliseconds = recorded.value.flatMap({ Int64($0) })
+            let recordedDeadline = recorded.deadline
         {
-            deadline = Date(timeIntervalSince1970: Double(milliseconds) / 1000)
+            deadline = recordedDeadline
         } else {
             deadline = storage.now().addingTimeInterval(duration.timeInterval)
             try await record(.timer(name: name, deadline: deadline), durability: .now)

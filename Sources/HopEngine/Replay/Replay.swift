@@ -69,7 +69,7 @@ struct Replay {
         guard let hop = try consume(.hop, step) else { return .new }
         lastStep = step
         guard position < history.count, history[position].kind.endsStep else {
-            return .inFlight(token: hop.token ?? "", deadline: Self.deadline(of: hop))
+            return .inFlight(token: hop.token ?? "", deadline: hop.deadline)
         }
         let end = history[position]
         guard end.token == hop.token else { throw diverged(asked: "the end of '\(step)'") }
@@ -147,14 +147,5 @@ struct Replay {
         case .reroute: StepOutput(json: nil, ending: .rerouted)
         default: StepOutput(json: end.value)
         }
-    }
-
-    /// The deadline recorded with a hop (`{"deadline": milliseconds}`), if it has one.
-    private static func deadline(of hop: HistoryEntry) -> Date? {
-        struct Stored: Decodable { var deadline: Int64 }
-        guard let value = hop.value, let stored = try? JSONDecoder().decode(Stored.self, from: Data(value.utf8)) else {
-            return nil
-        }
-        return Date(timeIntervalSince1970: Double(stored.deadline) / 1000)
     }
 }

@@ -47,18 +47,18 @@ package struct UptimeClock: Sendable {
     /// a lease of another boot ended when that boot did (shown as the epoch).
     package func wallClockEnd(expiresAt: Int64, boot leaseBoot: Int64?) -> Date {
         guard leaseBoot != nil else { return Clock.date(expiresAt) }
-        return wallClock(uptime: expiresAt, boot: leaseBoot) ?? Clock.date(0)
+        return wallClockTime(uptime: expiresAt, boot: leaseBoot) ?? Clock.date(0)
     }
 
     /// A parked step's deadline by the wall clock, for display: measured by the uptime clock in
     /// this boot (`uptime`), else the wall-clock time stored with it (`wall`).
     package func wallClockDeadline(wall: Int64, uptime: Int64?, boot deadlineBoot: Int64?) -> Date {
-        uptime.flatMap { wallClock(uptime: $0, boot: deadlineBoot) } ?? Clock.date(wall)
+        uptime.flatMap { wallClockTime(uptime: $0, boot: deadlineBoot) } ?? Clock.date(wall)
     }
 
     /// `uptime` (milliseconds since boot `uptimeBoot`) by the wall clock; `nil` for a time of
     /// another boot, or of no boot.
-    private func wallClock(uptime: Int64, boot uptimeBoot: Int64?) -> Date? {
+    package func wallClockTime(uptime: Int64, boot uptimeBoot: Int64?) -> Date? {
         guard let boot, uptimeBoot == boot else { return nil }
         return Clock.date(uptime + Self.wallClockAtBoot())
     }

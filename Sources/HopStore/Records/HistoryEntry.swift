@@ -31,3 +31,27 @@ extension HistoryEntry {
         HistoryEntry(runID: runID, seq: seq, kind: kind, step: step, token: token, value: value, at: at)
     }
 }
+
+extension HistoryEntry {
+    /// The value recording a deadline of `milliseconds` since the Unix epoch: a timer's is the
+    /// number, a hop's `{"deadline": milliseconds}` (a hop with a timeout).
+    package static func deadlineValue(_ kind: HistoryKind, milliseconds: Int64) -> String {
+        kind == .hop ? #"{"deadline":\#(milliseconds)}"# : "\(milliseconds)"
+    }
+
+    /// The deadline a timer or a hop with a timeout records; `nil` for other entries.
+    package var deadline: Date? {
+        guard let value else { return nil }
+        let milliseconds: Int64?
+        switch kind {
+        case .timer:
+            milliseconds = Int64(value)
+        case .hop:
+            struct Stored: Decodable { var deadline: Int64 }
+            milliseconds = try? JSONDecoder().decode(Stored.self, from: Data(value.utf8)).deadline
+        default:
+            milliseconds = nil
+        }
+        return milliseconds.map(Clock.date)
+    }
+}

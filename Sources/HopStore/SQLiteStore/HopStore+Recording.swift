@@ -115,8 +115,10 @@ extension WriteTransaction {
         case .timer(let name, let deadline):
             let run = try checked ?? requireRunning(runID, owner: owner, operation: operation)
             return try append(
-                runID: runID, .timer, step: name, value: "\(Clock.milliseconds(deadline))", after: run.lastSeq,
-                endsStep: endsStep, operation: operation)
+                runID: runID, .timer, step: name,
+                value: HistoryEntry.deadlineValue(.timer, milliseconds: Clock.milliseconds(deadline)),
+                deadline: deadline,
+                after: run.lastSeq, endsStep: endsStep, operation: operation)
         case .markUsed(let feature):
             let run = try checked ?? requireRunning(runID, owner: owner, operation: operation)
             try self.run(
@@ -170,10 +172,10 @@ extension WriteTransaction {
             ).seq
         }
         let token = Token.random()
-        let deadlineValue = deadline.map { #"{"deadline":\#(Clock.milliseconds($0))}"# }
+        let deadlineValue = deadline.map { HistoryEntry.deadlineValue(.hop, milliseconds: Clock.milliseconds($0)) }
         let event = try append(
-            runID: runID, .hop, step: step, token: token, value: deadlineValue, after: lastSeq, touchesRun: false,
-            operation: operation)
+            runID: runID, .hop, step: step, token: token, value: deadlineValue, deadline: deadline, after: lastSeq,
+            touchesRun: false, operation: operation)
         if parks {
             // Parked: held by no engine until an unhop, a change or its deadline wakes it. The
             // deadline by the uptime clock too: a step of the wall clock moves it no nearer.

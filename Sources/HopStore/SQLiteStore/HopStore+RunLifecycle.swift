@@ -176,7 +176,7 @@ extension HopStore {
             for entry in taken {
                 try tx.append(
                     runID: new.id, entry.kind, step: entry.step, token: entry.token, value: entry.value,
-                    operation: operation)
+                    deadline: entry.deadline, operation: operation)
             }
             try tx.append(runID: old.id, .fork, value: #"{"to":\#(new.id),"through":\#(seq)}"#, operation: operation)
             return (try tx.requireRun(old.id, operation: operation), try tx.requireRun(new.id, operation: operation))

@@ -50,7 +50,7 @@ extension RunHead {
 }
 
 extension HistoryEntry {
-    static let columns = "run_id, seq, kind, step, token, value, at"
+    static let columns = "run_id, seq, kind, step, token, value, at, deadline_boot, deadline_uptime"
 
     init(row: Row) {
         runID = row.int64(0)
@@ -60,6 +60,13 @@ extension HistoryEntry {
         token = row.optionalText(4)
         value = row.optionalText(5)
         at = Clock.date(row.int64(6))
+        // A deadline kept by the uptime clock in this boot (schema 11) reads as the time by the
+        // wall clock as it now stands, which a step of the wall clock moves along with now.
+        if let uptime = row.optionalInt64(8), value != nil,
+            let deadline = UptimeClock.machine.wallClockTime(uptime: uptime, boot: row.optionalInt64(7))
+        {
+            value = HistoryEntry.deadlineValue(kind, milliseconds: Clock.milliseconds(deadline))
+        }
     }
 }
 

@@ -97,12 +97,18 @@ extension WriteTransaction {
     ///   write (``RunHead/lastSeq``) and appended nothing since; read here otherwise.
     /// - Parameter endsStep: the update of the run's row also clears its step, which an unhop
     ///   earlier in this write ended (``recordUnhop(token:output:then:runID:owner:)``).
+    /// - Parameter deadline: the deadline `value` records (a timer's, a hop's with a timeout):
+    ///   kept by the uptime clock too (schema 11), so that a daemon that reads it back after a
+    ///   step of the wall clock waits as long as it had left.
     @discardableResult
     func append(
         runID: Int64, _ kind: HistoryKind, step: String? = nil, token: String? = nil, value: String? = nil,
-        after lastSeq: Int64? = nil, touchesRun: Bool = true, endsStep: Bool = false, operation: String
+        deadline: Date? = nil, after lastSeq: Int64? = nil, touchesRun: Bool = true, endsStep: Bool = false,
+        operation: String
     ) throws -> HistoryEntry {
         let now = Clock.nowMilliseconds()
+        let clock = UptimeClock.machine
+        let uptime = deadline.flatMap(clock.uptime(at:))
         // The next number of the run's history, then the entry: a single-row INSERT. (One
         // `INSERT … SELECT … RETURNING` statement costs three times as much CPU: SQLite
         // materialises its SELECT and its RETURNING rows in temporary tables and keeps a
@@ -114,10 +120,13 @@ extension WriteTransaction {
                 { $0.optionalInt64(0) ?? 0 }) ?? 0
         let seq = last + 1
         try connection.run(
-            "INSERT INTO history (run_id, seq, kind, step, token, value, at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            """
+            INSERT INTO history (run_id, seq, kind, step, token, value, at, deadline_boot, deadline_uptime)
+            VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
+            """,
             [
                 .integer(runID), .integer(seq), .text(kind.rawValue), .optional(step), .optional(token),
-                .optional(value), .integer(now),
+                .optional(value), .integer(now), .optional(uptime == nil ? nil : clock.boot), .optional(uptime),
             ],
             operation: operation)
         if touchesRun {
