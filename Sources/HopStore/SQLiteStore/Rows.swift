@@ -62,7 +62,7 @@ extension HistoryEntry {
         at = Clock.date(row.int64(6))
         // A deadline kept by the uptime clock in this boot (schema 11) reads as the time by the
         // wall clock as it now stands, which a step of the wall clock moves along with now.
-        if let uptime = row.optionalInt64(8), value != nil,
+        if let uptime = row.optionalInt64(8), value != nil, kind == .timer || kind == .hop,
             let deadline = UptimeClock.machine.wallClockTime(uptime: uptime, boot: row.optionalInt64(7))
         {
             value = HistoryEntry.deadlineValue(kind, milliseconds: Clock.milliseconds(deadline))
