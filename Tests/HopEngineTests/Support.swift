@@ -11,12 +11,16 @@ func bodyLines(in folder: TemporaryDirectory) -> [String] {
         .map(String.init)
 }
 
-/// An engine over a fresh database with the startup flow; onboarding and login are external.
+/// An engine over a fresh database (or over `storage`) with the startup flow; onboarding and
+/// login are external.
 func startupEngine(
     _ folder: TemporaryDirectory, backend: TestBackend = .sqlite,
-    logger: Logger = Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() }), flow: Flow = startupFlow()
+    logger: Logger = Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() }), flow: Flow = startupFlow(),
+    storage: (any HopStorage)? = nil, configuration: HopEngine.Configuration = HopEngine.Configuration()
 ) async throws -> HopEngine {
-    let engine = HopEngine(storage: try await backend.open(folder), logger: logger)
+    var opened: any HopStorage
+    if let storage { opened = storage } else { opened = try await backend.open(folder) }
+    let engine = HopEngine(storage: opened, logger: logger, configuration: configuration)
     engine.register(flow)
     engine.register(step: "splash") { _ in }
     engine.register(step: "onboarding", .external)

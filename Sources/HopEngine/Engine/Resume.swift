@@ -36,10 +36,17 @@ extension HopEngine {
         for start in stride(from: 0, to: candidates.count, by: Self.resumeBatch) {
             let batch = candidates[start..<min(start + Self.resumeBatch, candidates.count)].map(\.id)
             let claimed = try await storage.claim(runIDs: batch, owner: id, until: environment.leaseEnd)
-            let histories = try await storage.histories(runIDs: claimed.map(\.id))
+            let histories: [Int64: [HistoryEntry]]
+            do {
+                histories = try await storage.histories(runIDs: claimed.map(\.id))
+            } catch {
+                // Not executed here: the runs go back at once, not when their leases expire.
+                await letGo(claimed)
+                throw error
+            }
             if stops != stopsBefore && !stopping {
                 // The engine stopped while this batch was claimed: the runs go back at once.
-                try await storage.release(runIDs: claimed.map(\.id), owner: id)
+                await letGo(claimed)
                 break
             }
             for run in claimed {
@@ -53,6 +60,21 @@ extension HopEngine {
         }
         if resumed > 0 { logger.info("resuming unfinished runs", metadata: ["hop.runs": "\(resumed)"]) }
         return resumed
+    }
+
+    /// Releases `runs`, claimed by a resume that does not execute them, so that any engine may
+    /// claim them at once; from a task of its own, as the resume's may be cancelled (a stop), and
+    /// PostgreSQL's client refuses to start a query for a cancelled task. A failed release leaves
+    /// them to their leases' expiry.
+    private func letGo(_ runs: [RunRecord]) async {
+        let (storage, owner, runIDs) = (storage, id, runs.map(\.id))
+        do {
+            try await Task { try await storage.release(runIDs: runIDs, owner: owner) }.value
+        } catch {
+            logger.error(
+                "cannot release runs this engine claimed but does not execute; they wait for their leases to expire",
+                metadata: ["hop.runs": "\(runIDs.count)", "hop.error": "\(error)"])
+        }
     }
 }
 

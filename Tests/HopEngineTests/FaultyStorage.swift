@@ -1,0 +1,219 @@
+import Foundation
+import HopStore
+import Synchronization
+
+/// A storage that forwards every call to `base` but fails the calls a test names, as a database
+/// that fails (an I/O error: ``HopError/isDatabaseFailure``) fails them: before the call reaches
+/// the database, so it changes nothing. For the engine's paths that only a failing database takes.
+final class FaultyStorage: HopStorage {
+    let base: any HopStorage
+    /// How many more times each call fails, by its name as `#function` gives it (`"histories(runIDs:)"`).
+    private let faults = Mutex<[String: Int]>([:])
+
+    init(_ base: any HopStorage) { self.base = base }
+
+    /// Fails the next `times` calls named `call` (`"histories(runIDs:)"`).
+    func fail(_ call: String, times: Int = 1) { faults.withLock { $0[call, default: 0] += times } }
+
+    /// How many failures of `call` are still to come.
+    func pendingFaults(_ call: String) -> Int { faults.withLock { $0[call] ?? 0 } }
+
+    private func check(_ call: String = #function) throws {
+        let fails = faults.withLock { faults in
+            guard let left = faults[call], left > 0 else { return false }
+            faults[call] = left - 1
+            return true
+        }
+        if fails {
+            throw HopError(
+                .ioFailure, operation: call, path: base.location, reason: "disk I/O error (injected by the test)")
+        }
+    }
+
+    var location: String { base.location }
+    var flowExecutor: (any TaskExecutor)? { base.flowExecutor }
+    func now() -> Date { base.now() }
+    func makeIncarnation(label: String) -> Incarnation { base.makeIncarnation(label: label) }
+
+    func changeVersion() async throws -> Int64 {
+        try check()
+        return try await base.changeVersion()
+    }
+
+    func makeDurable() async throws {
+        try check()
+        try await base.makeDurable()
+    }
+
+    func waitUntilDurable(runID: Int64) async throws {
+        try check()
+        try await base.waitUntilDurable(runID: runID)
+    }
+
+    func startRun(
+        flow: String, subject: String, version: String, owner: String?, until: Date?, durability: WriteDurability
+    ) async throws -> (run: RunRecord, created: Bool) {
+        try check()
+        return try await base.startRun(
+            flow: flow, subject: subject, version: version, owner: owner, until: until, durability: durability)
+    }
+
+    func cancelRun(flow: String, subject: String, reason: String) async throws -> RunRecord {
+        try check()
+        return try await base.cancelRun(flow: flow, subject: subject, reason: reason)
+    }
+
+    func startNewRun(flow: String, subject: String, version: String?, allowingNewFlow: Bool) async throws -> RunRecord {
+        try check()
+        return try await base.startNewRun(
+            flow: flow, subject: subject, version: version, allowingNewFlow: allowingNewFlow)
+    }
+
+    func prune(_ pruning: Pruning, dryRun: Bool) async throws -> PruneReport {
+        try check()
+        return try await base.prune(pruning, dryRun: dryRun)
+    }
+
+    func restartRun(flow: String, subject: String, version: String?) async throws -> RunRecord {
+        try check()
+        return try await base.restartRun(flow: flow, subject: subject, version: version)
+    }
+
+    func forkRun(
+        flow: String, subject: String, runID: Int64?, through seq: Int64, version: String?
+    ) async throws -> (old: RunRecord, new: RunRecord) {
+        try check()
+        return try await base.forkRun(flow: flow, subject: subject, runID: runID, through: seq, version: version)
+    }
+
+    func divergeRun(runID: Int64, step: String?, message: String, owner: String?) async throws -> HistoryEntry {
+        try check()
+        return try await base.divergeRun(runID: runID, step: step, message: message, owner: owner)
+    }
+
+    func record(
+        _ writes: [RunWrite], runID: Int64, owner: String?, durability: WriteDurability
+    ) async throws -> [HistoryEntry] {
+        try check()
+        return try await base.record(writes, runID: runID, owner: owner, durability: durability)
+    }
+
+    func recordTimeout(runID: Int64, token: String, owner: String?) async throws -> HistoryEntry {
+        try check()
+        return try await base.recordTimeout(runID: runID, token: token, owner: owner)
+    }
+
+    func unhopParked(
+        flow: String, subject: String, step: String, output: String?
+    ) async throws -> (run: RunRecord, unhop: HistoryEntry) {
+        try check()
+        return try await base.unhopParked(flow: flow, subject: subject, step: step, output: output)
+    }
+
+    func recordError(
+        runID: Int64, step: String?, message: String, final: Bool, owner: String?
+    ) async throws -> HistoryEntry {
+        try check()
+        return try await base.recordError(runID: runID, step: step, message: message, final: final, owner: owner)
+    }
+
+    func run(id: Int64) async throws -> RunRecord? {
+        try check()
+        return try await base.run(id: id)
+    }
+
+    func latestRun(flow: String, subject: String) async throws -> RunRecord? {
+        try check()
+        return try await base.latestRun(flow: flow, subject: subject)
+    }
+
+    func history(runID: Int64, limit: Int?) async throws -> [HistoryEntry] {
+        try check()
+        return try await base.history(runID: runID, limit: limit)
+    }
+
+    func histories(runIDs: [Int64]) async throws -> [Int64: [HistoryEntry]] {
+        try check()
+        return try await base.histories(runIDs: runIDs)
+    }
+
+    func statuses(of runIDs: [Int64]) async throws -> [Int64: (status: RunStatus, owner: String?)] {
+        try check()
+        return try await base.statuses(of: runIDs)
+    }
+
+    func claim(runID: Int64, owner: String, until: Date) async throws -> RunRecord? {
+        try check()
+        return try await base.claim(runID: runID, owner: owner, until: until)
+    }
+
+    func claim(runIDs: [Int64], owner: String, until: Date) async throws -> [RunRecord] {
+        try check()
+        return try await base.claim(runIDs: runIDs, owner: owner, until: until)
+    }
+
+    func renewLeases(owner: String, runIDs: [Int64], until: Date) async throws -> Set<Int64> {
+        try check()
+        return try await base.renewLeases(owner: owner, runIDs: runIDs, until: until)
+    }
+
+    func release(runIDs: [Int64], owner: String) async throws {
+        try check()
+        try await base.release(runIDs: runIDs, owner: owner)
+    }
+
+    func releaseRunsOfDeadIncarnations(except own: Incarnation) async throws -> [(owner: String, runs: Int)] {
+        try check()
+        return try await base.releaseRunsOfDeadIncarnations(except: own)
+    }
+
+    func claimableRuns(versions: [String: [String]], now: Date, limit: Int) async throws -> [RunRecord] {
+        try check()
+        return try await base.claimableRuns(versions: versions, now: now, limit: limit)
+    }
+
+    func dueTimeouts(now: Date) async throws -> [RunRecord] {
+        try check()
+        return try await base.dueTimeouts(now: now)
+    }
+
+    func isFirstUse(subject: String, feature: String) async throws -> Bool {
+        try check()
+        return try await base.isFirstUse(subject: subject, feature: feature)
+    }
+
+    func markUsed(subject: String, feature: String) async throws {
+        try check()
+        try await base.markUsed(subject: subject, feature: feature)
+    }
+
+    func session(subject: String) async throws -> StoredSession? {
+        try check()
+        return try await base.session(subject: subject)
+    }
+
+    func storeSession(subject: String, userID: String, token: String, expiresAt: Date?) async throws -> [Int64] {
+        try check()
+        return try await base.storeSession(subject: subject, userID: userID, token: token, expiresAt: expiresAt)
+    }
+
+    func deleteSession(subject: String) async throws -> (removed: Bool, rerouted: [Int64]) {
+        try check()
+        return try await base.deleteSession(subject: subject)
+    }
+
+    func expireSessions(now: Date) async throws -> [Int64] {
+        try check()
+        return try await base.expireSessions(now: now)
+    }
+
+    func fact(subject: String, key: String) async throws -> String? {
+        try check()
+        return try await base.fact(subject: subject, key: key)
+    }
+
+    func setFact(subject: String, key: String, value: String) async throws {
+        try check()
+        try await base.setFact(subject: subject, key: key, value: value)
+    }
+}
