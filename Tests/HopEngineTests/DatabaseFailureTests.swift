@@ -1,6 +1,7 @@
 import Foundation
 import HopEngine
 import HopStore
+import HopStoreTestSupport
 import HopTestSupport
 import Testing
 
@@ -62,5 +63,67 @@ import Testing
 
         #expect(try await engine.resumeAll() == 1)
         #expect(try await engine.settled(runID: id)?.status == .parked, "the run did not reach onboarding")
+    }
+
+    /// The whole start-up flow, steered as an operator would (onboarding unhopped, a session
+    /// stored), once for every call the engine and the steering make to the database, that call
+    /// failing: wherever the database fails once, the run goes on at once (a failed command is
+    /// retried, as its caller would), completes, and its history is the flow's, each hop and
+    /// unhop once. A step may run again (at least once), but no run is left held by an engine
+    /// that does not execute it: the leases here last a minute, past each phase's wait.
+    @Test(arguments: TestBackend.all)
+    func everySingleDatabaseFailureOfAFlowLeavesItsRunGoingOnAtOnce(backend: TestBackend) async throws {
+        var number = 1
+        while true {
+            let folder = try TemporaryDirectory()
+            let storage = FaultyStorage(try await backend.open(folder))
+            let engine = try await startupEngine(
+                folder, storage: storage, configuration: .init(leaseDuration: .seconds(60)))
+            storage.failCall(number: number)
+            let fault = "with call \(number) failing"
+
+            let id = try await Self.retried { try await engine.start("startup").id }
+            try await Self.waitUntil(engine, runs: id, "parked at onboarding \(fault)") {
+                $0.status == .parked && $0.currentStep == "onboarding"
+            }
+            try await Self.retried { try await engine.unhop(flow: "startup", step: "onboarding") }
+            try await Self.waitUntil(engine, runs: id, "parked at login \(fault)") {
+                $0.status == .parked && $0.currentStep == "login"
+            }
+            try await Self.retried {
+                _ = try await storage.storeSession(subject: "default", userID: "alice", token: "t", expiresAt: nil)
+            }
+            try await Self.waitUntil(engine, runs: id, "completed \(fault)") { $0.status == .completed }
+
+            #expect(
+                try await path(of: id, in: storage.base) == [
+                    "hop splash", "unhop splash", "decision isFirstUse(onboarding)", "hop onboarding",
+                    "unhop onboarding", "effect markUsed(onboarding)", "decision session", "hop login", "unhop login",
+                    "hop main", "unhop main",
+                ], "\(fault)")
+            let history = try await storage.base.history(runID: id, limit: nil)
+            #expect(!history.contains { [.error, .fail, .diverge].contains($0.kind) }, "\(fault): \(history)")
+            // Once the fault is past the flow's last call, every call has been failed once.
+            if storage.injectedFaults == 0 { break }
+            number += 1
+        }
+        #expect(number > 20, "the flow made \(number - 1) calls to the database: the test reaches too few")
+    }
+
+    /// `body`, tried once more if it throws (as an operator or a caller retries a failed command).
+    private static func retried<T>(_ body: () async throws -> T) async throws -> T {
+        do { return try await body() } catch { return try await body() }
+    }
+
+    /// Waits until run `id` holds `condition`, resuming what the engine does not execute (as
+    /// its watch would), at most 10 s.
+    private static func waitUntil(
+        _ engine: HopEngine, runs id: Int64, _ what: String, _ condition: (RunRecord) -> Bool
+    ) async throws {
+        try await HopStoreTestSupport.waitUntil("the run is \(what)", timeout: .seconds(10)) {
+            if let run = try? await engine.settled(runID: id), condition(run) { return true }
+            _ = try? await engine.resumeAll()
+            return false
+        }
     }
 }

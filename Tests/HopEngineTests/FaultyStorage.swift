@@ -7,21 +7,41 @@ import Synchronization
 /// the database, so it changes nothing. For the engine's paths that only a failing database takes.
 final class FaultyStorage: HopStorage {
     let base: any HopStorage
-    /// How many more times each call fails, by its name as `#function` gives it (`"histories(runIDs:)"`).
-    private let faults = Mutex<[String: Int]>([:])
+    private struct Faults {
+        /// How many more times each call fails, by its name as `#function` gives it.
+        var named: [String: Int] = [:]
+        /// The calls that reached this storage so far, and the number of the one to fail.
+        var calls = 0
+        var failing: Int?
+        var injected = 0
+    }
+    private let faults = Mutex(Faults())
 
     init(_ base: any HopStorage) { self.base = base }
 
-    /// Fails the next `times` calls named `call` (`"histories(runIDs:)"`).
-    func fail(_ call: String, times: Int = 1) { faults.withLock { $0[call, default: 0] += times } }
+    /// Fails the next `times` calls named `call` (`"histories(runIDs:)"`, as `#function` gives it).
+    func fail(_ call: String, times: Int = 1) { faults.withLock { $0.named[call, default: 0] += times } }
+
+    /// Fails the `number`th call from now, whichever it is (1: the next).
+    func failCall(number: Int) { faults.withLock { $0.failing = $0.calls + number } }
 
     /// How many failures of `call` are still to come.
-    func pendingFaults(_ call: String) -> Int { faults.withLock { $0[call] ?? 0 } }
+    func pendingFaults(_ call: String) -> Int { faults.withLock { $0.named[call] ?? 0 } }
+
+    /// How many calls failed so far.
+    var injectedFaults: Int { faults.withLock { $0.injected } }
 
     private func check(_ call: String = #function) throws {
         let fails = faults.withLock { faults in
-            guard let left = faults[call], left > 0 else { return false }
-            faults[call] = left - 1
+            faults.calls += 1
+            if faults.failing == faults.calls {
+                faults.failing = nil
+            } else if let left = faults.named[call], left > 0 {
+                faults.named[call] = left - 1
+            } else {
+                return false
+            }
+            faults.injected += 1
             return true
         }
         if fails {
