@@ -73,15 +73,11 @@ import Testing
     /// that does not execute it: the leases here last a minute, past each phase's wait.
     @Test(arguments: TestBackend.all)
     func everySingleDatabaseFailureOfAFlowLeavesItsRunGoingOnAtOnce(backend: TestBackend) async throws {
-        var number = 1
-        while true {
-            let folder = try TemporaryDirectory()
-            let storage = FaultyStorage(try await backend.open(folder))
-            let engine = try await startupEngine(
-                folder, storage: storage, configuration: .init(leaseDuration: .seconds(60)))
-            storage.failCall(number: number)
-            let fault = "with call \(number) failing"
-
+        let expected = [
+            "hop splash", "unhop splash", "decision isFirstUse(onboarding)", "hop onboarding", "unhop onboarding",
+            "effect markUsed(onboarding)", "decision session", "hop login", "unhop login", "hop main", "unhop main",
+        ]
+        let calls = try await Self.forEachCallFailing(on: backend, expecting: expected) { storage, engine, fault in
             let id = try await Self.retried { try await engine.start("startup").id }
             try await Self.waitUntil(engine, runs: id, "parked at onboarding \(fault)") {
                 $0.status == .parked && $0.currentStep == "onboarding"
@@ -94,20 +90,55 @@ import Testing
                 _ = try await storage.storeSession(subject: "default", userID: "alice", token: "t", expiresAt: nil)
             }
             try await Self.waitUntil(engine, runs: id, "completed \(fault)") { $0.status == .completed }
+            return id
+        }
+        #expect(calls > 20, "the flow made \(calls) calls to the database: the test reaches too few")
+    }
 
-            #expect(
-                try await path(of: id, in: storage.base) == [
-                    "hop splash", "unhop splash", "decision isFirstUse(onboarding)", "hop onboarding",
-                    "unhop onboarding", "effect markUsed(onboarding)", "decision session", "hop login", "unhop login",
-                    "hop main", "unhop main",
-                ], "\(fault)")
+    /// The same for a step in process that times out and a durable sleep: wherever the
+    /// database fails once, the step times out once and the sleep ends once.
+    @Test(arguments: TestBackend.all)
+    func everySingleDatabaseFailureOfATimeoutAndASleepLeavesItsRunGoingOnAtOnce(backend: TestBackend) async throws {
+        let expected = ["hop work", "timeout work", "timer nap", "hop done", "unhop done"]
+        let calls = try await Self.forEachCallFailing(on: backend, expecting: expected) { storage, engine, fault in
+            engine.register(
+                Flow("timed", version: "1") { flow in
+                    try await flow.hop(to: "work", timeout: .milliseconds(100))
+                    try await flow.sleep(for: .milliseconds(100), name: "nap")
+                    try await flow.hop(to: "done")
+                })
+            engine.register(step: "work") { _ in try await Task.sleep(for: .seconds(60)) }
+            engine.register(step: "done") { _ in }
+            let id = try await Self.retried { try await engine.start("timed").id }
+            try await Self.waitUntil(engine, runs: id, "completed \(fault)") { $0.status == .completed }
+            return id
+        }
+        #expect(calls > 5, "the flow made \(calls) calls to the database: the test reaches too few")
+    }
+
+    /// Runs `flow` (which returns its run) on a fresh database once for every call it makes to
+    /// the database, that call failing (`fault` says which), then checks its run's history: the
+    /// replayed entries `expected`, each once, and no error. Returns how many calls a run makes.
+    private static func forEachCallFailing(
+        on backend: TestBackend, expecting expected: [String],
+        _ flow: (_ storage: FaultyStorage, _ engine: HopEngine, _ fault: String) async throws -> Int64
+    ) async throws -> Int {
+        var number = 1
+        while true {
+            let folder = try TemporaryDirectory()
+            let storage = FaultyStorage(try await backend.open(folder))
+            let engine = try await startupEngine(
+                folder, storage: storage, configuration: .init(leaseDuration: .seconds(60)))
+            storage.failCall(number: number)
+            let fault = "with call \(number) failing"
+            let id = try await flow(storage, engine, fault)
+            #expect(try await path(of: id, in: storage.base) == expected, "\(fault)")
             let history = try await storage.base.history(runID: id, limit: nil)
             #expect(!history.contains { [.error, .fail, .diverge].contains($0.kind) }, "\(fault): \(history)")
-            // Once the fault is past the flow's last call, every call has been failed once.
-            if storage.injectedFaults == 0 { break }
+            // Once the fault is past the run's last call, every call has been failed once.
+            if storage.injectedFaults == 0 { return number - 1 }
             number += 1
         }
-        #expect(number > 20, "the flow made \(number - 1) calls to the database: the test reaches too few")
     }
 
     /// `body`, tried once more if it throws (as an operator or a caller retries a failed command).
