@@ -3,6 +3,7 @@ import HopEngine
 import HopStore
 import HopStoreTestSupport
 import HopTestSupport
+import Synchronization
 import Testing
 
 /// The engine's paths that only a failing database takes (an I/O error, a lost connection):
@@ -63,6 +64,50 @@ import Testing
 
         #expect(try await engine.resumeAll() == 1)
         #expect(try await engine.settled(runID: id)?.status == .parked, "the run did not reach onboarding")
+    }
+
+    /// A step returned, and its flow body then awaits something else (a slow decision's read),
+    /// so the step's unhop is written alone, a few milliseconds later; the database fails that
+    /// write. The execution stops there, and the run goes on from its durable history (the step
+    /// runs again: its end was not written). Before, the execution went on without the unhop:
+    /// it recorded the decision while the step was still in flight, and its next hop was
+    /// refused ("step 'splash' is still in flight"), which failed the run for good.
+    @Test(arguments: TestBackend.all)
+    func aStepsUnhopWrittenAloneThatFailsStopsTheExecutionAndTheRunGoesOn(backend: TestBackend) async throws {
+        let folder = try TemporaryDirectory()
+        let storage = FaultyStorage(try await backend.open(folder))
+        let engine = try await startupEngine(
+            folder, storage: storage, configuration: .init(leaseDuration: .seconds(60)))
+        let splashes = Mutex(0)
+        engine.register(
+            Flow("slow", version: "1") { flow in
+                try await flow.hop(to: "splash")
+                _ = try await flow.decide("slow read") {
+                    try await Task.sleep(for: .milliseconds(200))
+                    return true
+                }
+                try await flow.hop(to: "main")
+            })
+        engine.register(step: "splash") { _ in splashes.withLock { $0 += 1 } }
+
+        // The run's creation, the wait for it to be durable, the hop to splash; then the unhop alone.
+        storage.failCall(number: 4)
+        let id = try await engine.start("slow").id
+        let stopped = try await engine.settled(runID: id)
+        #expect(storage.injectedFaults == 1, "calls: \(storage.trace)")
+        #expect(stopped?.status == .running, "\(String(describing: stopped))")
+        #expect(stopped?.owner == nil)
+
+        #expect(try await engine.resumeAll() == 1)
+        #expect(try await engine.settled(runID: id)?.status == .completed)
+        let history = try await storage.base.history(runID: id, limit: nil)
+        #expect(
+            try await path(of: id, in: storage.base) == [
+                "hop splash", "unhop splash", "decision slow read", "hop main", "unhop main",
+            ], "\(history)")
+        #expect(!history.contains { [.error, .fail, .diverge].contains($0.kind) }, "\(history)")
+        #expect(splashes.withLock { $0 } == 2, "the step whose end was not written runs again")
+        #expect(storage.trace.contains("record(_:runID:owner:durability:) (failed)"), "calls: \(storage.trace)")
     }
 
     /// The whole start-up flow, steered as an operator would (onboarding unhopped, a session
@@ -131,7 +176,13 @@ import Testing
                 folder, storage: storage, configuration: .init(leaseDuration: .seconds(60)))
             storage.failCall(number: number)
             let fault = "with call \(number) failing"
-            let id = try await flow(storage, engine, fault)
+            let id: Int64
+            do {
+                id = try await flow(storage, engine, fault)
+            } catch {
+                let history = (try? await storage.base.history(runID: 1, limit: nil)) ?? []
+                throw TestFailure("\(error)\nhistory of run 1: \(history)\ncalls: \(storage.trace.prefix(2000))")
+            }
             #expect(try await path(of: id, in: storage.base) == expected, "\(fault)")
             let history = try await storage.base.history(runID: id, limit: nil)
             #expect(!history.contains { [.error, .fail, .diverge].contains($0.kind) }, "\(fault): \(history)")

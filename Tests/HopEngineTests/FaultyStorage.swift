@@ -14,6 +14,8 @@ final class FaultyStorage: HopStorage {
         var calls = 0
         var failing: Int?
         var injected = 0
+        /// The calls in order, the failed ones marked.
+        var trace: [String] = []
     }
     private let faults = Mutex(Faults())
 
@@ -31,6 +33,9 @@ final class FaultyStorage: HopStorage {
     /// How many calls failed so far.
     var injectedFaults: Int { faults.withLock { $0.injected } }
 
+    /// The calls so far in order, each failed one marked "(failed)": for a test's message.
+    var trace: String { faults.withLock { $0.trace.joined(separator: ", ") } }
+
     private func check(_ call: String = #function) throws {
         let fails = faults.withLock { faults in
             faults.calls += 1
@@ -39,9 +44,11 @@ final class FaultyStorage: HopStorage {
             } else if let left = faults.named[call], left > 0 {
                 faults.named[call] = left - 1
             } else {
+                faults.trace.append(call)
                 return false
             }
             faults.injected += 1
+            faults.trace.append(call + " (failed)")
             return true
         }
         if fails {

@@ -87,9 +87,11 @@ extension RunExecutor {
     }
 
     /// Takes the held unhop, if any, for the caller to write with its record; waits while it
-    /// is being written alone.
+    /// is being written alone. Throws why this execution stopped, if it did: no record follows
+    /// an unhop whose write failed, or a run finished elsewhere.
     func takeHeldUnhop() async throws -> StepUnhop? {
         while true {
+            try throwIfStopped()
             let (taken, writing) = held.withLock { state -> (StepUnhop?, Task<Void, Never>?) in
                 switch state {
                 case .none: return (nil, nil)
@@ -100,10 +102,9 @@ extension RunExecutor {
                 }
             }
             if let writing {
+                // Written alone, the unhop may have found the step ended from outside, or the
+                // database failed: then this execution stopped, and writes nothing more.
                 await writing.value
-                // Written alone, the unhop may have found the step ended from outside: then
-                // this execution stopped, and writes nothing more.
-                try throwIfStopped()
                 continue
             }
             if taken != nil { environment.heldUnhops.release(run.id) }
@@ -121,8 +122,9 @@ extension RunExecutor {
         if restored { environment.heldUnhops.hold(self) }
     }
 
-    /// Writes the held unhop alone, if one is held, and returns once it is written (or failed:
-    /// a refusal stops the execution, a failed write is the run's next record's error).
+    /// Writes the held unhop alone, if one is held, and returns once it is written; throws when
+    /// it could not be, which stops the execution (a refusal: the step was ended from outside,
+    /// or the run finished elsewhere; a failed write: the database failed).
     func writeHeldUnhop() async throws {
         let writing = held.withLock { state -> Task<Void, Never>? in
             switch state {
@@ -149,9 +151,12 @@ extension RunExecutor {
                                 "the unhop of step '\(unhop.step)' of run \(self.run.id) was refused: the run was finished (cancelled, restarted) or taken over elsewhere before the unhop was written"
                             ))
                     } catch {
-                        // Lost with the transaction, or the run was finished elsewhere: the
-                        // run's next record, refused, says so.
+                        // The database failed (nothing of the write stands, or it was lost with
+                        // its transaction): this execution stops, before the run's next record
+                        // could be written without the step's end, and the run goes on from its
+                        // durable history, where the step is still in flight (it runs again).
                         unhop.writeFailed(error)
+                        self.stop(error)
                     }
                     self.held.withLock { $0 = .none }
                 }
@@ -160,7 +165,9 @@ extension RunExecutor {
             }
         }
         environment.heldUnhops.release(run.id)
-        await writing?.value
+        guard let writing else { return }
+        await writing.value
+        try throwIfStopped()
     }
 
     /// When `step`, which returned here (hopped with `token`), was ended from outside before

@@ -174,7 +174,12 @@ final class StepUnhop: Sendable {
     /// Writes the unhop if the executor still holds it and commits (the executor's
     /// `RunExecutor.makeDurable()`), then throws why the unhop could not be written, if it could not.
     func makeDurable() async throws {
-        try await executor.makeDurable()
+        do {
+            try await executor.makeDurable()
+        } catch {
+            // Said in the step's terms when its own unhop's write is what failed.
+            throw state.withLock({ $0.writeError }) ?? error
+        }
         if let error = state.withLock({ $0.writeError }) { throw error }
     }
 }
