@@ -67,9 +67,10 @@ extension HopEngine: Service {
                 let look = ContinuousClock.now - lastLook >= lookEvery
                 if look { lastLook = ContinuousClock.now }
                 let released = try await environment.releaseRunsOfDeadEngines()
-                // Cleared by the look itself (resumeClaimable), so that a look skipped because
-                // another is under way is not lost.
-                let letGo = environment.holdings.withLock { $0.letGoAfterAFailure }
+                let letGo = environment.holdings.withLock { holdings in
+                    defer { holdings.letGoAfterAFailure = false }
+                    return holdings.letGoAfterAFailure
+                }
                 if version != seen || look || released > 0 || letGo {
                     seen = version
                     try await stopRunsFinishedElsewhere()

@@ -18,7 +18,6 @@ extension HopEngine {
     @discardableResult
     func resumeClaimable() async throws -> Int {
         guard !resuming, !stopping else { return 0 }
-        environment.holdings.withLock { $0.letGoAfterAFailure = false }  // this look is the one it asked for
         let stopsBefore = stops
         resuming = true
         defer { resuming = false }
