@@ -110,40 +110,6 @@ import Testing
         #expect(storage.trace.contains("record(_:runID:owner:durability:) (failed)"), "calls: \(storage.trace)")
     }
 
-    /// A running engine whose execution of a run stopped because the database failed, or which
-    /// could not read a run its own change woke (a stored session), resumes the run at its
-    /// watch's next poll. Before, the run waited for the watch's look for runs to resume every
-    /// third of a lease (20 s here; 3.3 s by default), and `storeSession` threw though the
-    /// session was stored.
-    @Test(arguments: TestBackend.all)
-    func aRunLeftByADatabaseFailureIsResumedAtTheWatchsNextPoll(backend: TestBackend) async throws {
-        let folder = try TemporaryDirectory()
-        let storage = FaultyStorage(try await backend.open(folder))
-        let engine = try await startupEngine(
-            folder, storage: storage, configuration: .init(leaseDuration: .seconds(60)))
-        let service = Task { try await engine.run() }
-        defer { service.cancel() }
-        func waitFor(_ what: String, _ condition: @escaping (RunRecord) -> Bool) async throws {
-            try await HopStoreTestSupport.waitUntil("the run is \(what)", timeout: .seconds(10)) {
-                guard let run = try await storage.base.run(id: 1) else { return false }
-                #expect(run.status.isUnfinished || run.status == .completed, "\(run)")
-                return condition(run)
-            }
-        }
-
-        storage.fail("record(_:runID:owner:durability:)")  // the run's first hop
-        #expect(try await engine.start("startup").id == 1)
-        try await waitFor("parked at onboarding") { $0.status == .parked && $0.currentStep == "onboarding" }
-        #expect(storage.pendingFaults("record(_:runID:owner:durability:)") == 0)
-
-        try await engine.unhop(flow: "startup", step: "onboarding")
-        try await waitFor("parked at login") { $0.status == .parked && $0.currentStep == "login" }
-        storage.fail("run(id:)")  // the read of the run the session wakes
-        try await engine.storeSession(subject: "default", userID: "alice", token: "t")
-        #expect(storage.pendingFaults("run(id:)") == 0)
-        try await waitFor("completed") { $0.status == .completed }
-    }
-
     /// The whole start-up flow, steered as an operator would (onboarding unhopped, a session
     /// stored), once for every call the engine and the steering make to the database, that call
     /// failing: wherever the database fails once, the run goes on at once (a failed command is

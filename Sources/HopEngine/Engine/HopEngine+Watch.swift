@@ -18,11 +18,6 @@ extension HopEngine: Service {
     /// On shutdown (``stopExecuting()``), the steps in flight are cancelled and no other run
     /// starts; the leases of those runs and of the runs waiting for a place are released, and
     /// they all stay resumable.
-    ///
-    /// A failure of the database while it watches is logged and the next poll tries again; a
-    /// run whose execution the failure stopped is resumed at that poll. A failure at start-up
-    /// (the first look for expired sessions and runs to resume) is thrown: the daemon's
-    /// supervisor starts it again.
     public func run() async throws {
         try await expireSessions()  // sessions that expired while no daemon ran end their steps now
         try await resumeAll()
@@ -67,11 +62,7 @@ extension HopEngine: Service {
                 let look = ContinuousClock.now - lastLook >= lookEvery
                 if look { lastLook = ContinuousClock.now }
                 let released = try await environment.releaseRunsOfDeadEngines()
-                let letGo = environment.holdings.withLock { holdings in
-                    defer { holdings.letGoAfterAFailure = false }
-                    return holdings.letGoAfterAFailure
-                }
-                if version != seen || look || released > 0 || letGo {
+                if version != seen || look || released > 0 {
                     seen = version
                     try await stopRunsFinishedElsewhere()
                     try await resumeClaimable()
@@ -80,9 +71,6 @@ extension HopEngine: Service {
                 return
             } catch {
                 logger.error("cannot check the database for changes", metadata: ["hop.error": "\(error)"])
-                // What failed may have left a run to resume (a timed-out step's run not read
-                // back, a batch let go): look at the next poll, not a third of a lease later.
-                lastLook = .now - lookEvery
             }
         }
     }

@@ -42,7 +42,6 @@ extension HopEngine {
             } catch {
                 // Not executed here: the runs go back at once, not when their leases expire.
                 await letGo(claimed)
-                environment.holdings.withLock { $0.letGoAfterAFailure = true }
                 throw error
             }
             if stops != stopsBefore && !stopping {
