@@ -274,12 +274,15 @@ import Testing
         registerInstantStartup(on: engine)
         let service = Task { try await engine.run() }
         defer { service.cancel() }
-        try await waitUntil("the engine says retention is off", timeout: .seconds(10)) {
+        try await waitUntil("the engine says retention is off", timeout: .seconds(30)) {
             logs.texts(atLeast: .error).contains { $0.contains("retention is off") && $0.contains("flow name") }
         }
         let run = try await engine.start("startup")
         #expect(try await engine.settled(runID: run.id)?.status == .completed)
         #expect(logs.texts(atLeast: .error).count == 1, "said once, not at every (zero) interval")
+        let said = logs.texts(atLeast: .info)
+        let order = ["retention is off", "engine running"].map { text in said.firstIndex { $0.contains(text) } ?? -1 }
+        #expect(order[0] >= 0 && order[0] < order[1], "refused before the runs are resumed: \(said)")
     }
 }
 

@@ -19,6 +19,9 @@ extension HopEngine: Service {
     /// starts; the leases of those runs and of the runs waiting for a place are released, and
     /// they all stay resumable.
     public func run() async throws {
+        // Settings that can never work are refused before the database is read, which may take a
+        // while (a resume of many runs): an operator sees at once why nothing is pruned.
+        let retention = checkedRetention()
         try await expireSessions()  // sessions that expired while no daemon ran end their steps now
         try await resumeAll()
         environment.notify(.ready)
@@ -31,7 +34,7 @@ extension HopEngine: Service {
             ])
         await cancelWhenGracefulShutdown {
             await withTaskGroup(of: Void.self) { group in
-                if let retention = self.configuration.retention {
+                if let retention {
                     group.addTask { await self.retain(retention) }
                 }
                 group.addTask { await self.watch() }
@@ -91,6 +94,19 @@ extension HopEngine: Service {
                 logger.error(
                     "cannot renew the leases of the runs this engine executes", metadata: ["hop.error": "\(error)"])
             }
+        }
+    }
+
+    /// The configured retention, or `nil` when there is none or its settings can never work
+    /// (said once, at the error level).
+    private func checkedRetention() -> Retention? {
+        guard let retention = configuration.retention else { return nil }
+        do {
+            if let flow = retention.flow { try Identifier.validate(flow, as: "flow name") }
+            return retention
+        } catch {
+            logger.error("retention is off: its settings are refused", metadata: ["hop.error": "\(error)"])
+            return nil
         }
     }
 
