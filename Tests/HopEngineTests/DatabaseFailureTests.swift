@@ -3,6 +3,7 @@ import HopEngine
 import HopStore
 import HopStoreTestSupport
 import HopTestSupport
+import InMemoryLogging
 import Synchronization
 import Testing
 
@@ -108,6 +109,49 @@ import Testing
         #expect(!history.contains { [.error, .fail, .diverge].contains($0.kind) }, "\(history)")
         #expect(splashes.withLock { $0 } == 2, "the step whose end was not written runs again")
         #expect(storage.trace.contains("record(_:runID:owner:durability:) (failed)"), "calls: \(storage.trace)")
+    }
+
+    /// A running engine whose execution of a run stopped because the database failed, or which
+    /// could not read a run its own change woke (a stored session), resumes the run at its
+    /// watch's next poll. Before, the run waited for the watch's look for runs to resume every
+    /// third of a lease (200 s here; 3.3 s by default), and `storeSession` threw though the
+    /// session was stored.
+    @Test(arguments: TestBackend.all)
+    func aRunLeftByADatabaseFailureIsResumedAtTheWatchsNextPoll(backend: TestBackend) async throws {
+        let folder = try TemporaryDirectory()
+        let storage = FaultyStorage(try await backend.open(folder))
+        let logs = InMemoryLogHandler.keepingEverything()
+        let engine = try await startupEngine(
+            folder, logger: logs.logger(label: "test"), storage: storage,
+            configuration: .init(leaseDuration: .seconds(600)))
+        let service = Task { try await engine.run() }
+        defer { service.cancel() }
+        // A deadline far below the look every third of a lease, far above what a loaded machine takes.
+        func waitFor(_ what: String, _ condition: @escaping (RunRecord) -> Bool) async throws {
+            do {
+                try await HopStoreTestSupport.waitUntil("the run is \(what)", timeout: .seconds(60)) {
+                    guard let run = try await storage.base.run(id: 1) else { return false }
+                    #expect(run.status.isUnfinished || run.status == .completed, "\(run)")
+                    return condition(run)
+                }
+            } catch {
+                let log = logs.texts(atLeast: .debug).joined(separator: "\n")
+                Issue.record("\(error)\ncalls: \(storage.trace)\nlog:\n\(log)")
+                throw error
+            }
+        }
+
+        storage.fail("record(_:runID:owner:durability:)")  // the run's first hop
+        #expect(try await engine.start("startup").id == 1)
+        try await waitFor("parked at onboarding") { $0.status == .parked && $0.currentStep == "onboarding" }
+        #expect(storage.pendingFaults("record(_:runID:owner:durability:)") == 0)
+
+        try await engine.unhop(flow: "startup", step: "onboarding")
+        try await waitFor("parked at login") { $0.status == .parked && $0.currentStep == "login" }
+        storage.fail("run(id:)")  // the read of the run the session wakes
+        try await engine.storeSession(subject: "default", userID: "alice", token: "t")
+        #expect(storage.pendingFaults("run(id:)") == 0)
+        try await waitFor("completed") { $0.status == .completed }
     }
 
     /// The whole start-up flow, steered as an operator would (onboarding unhopped, a session

@@ -61,10 +61,19 @@ extension HopEngine {
         }
     }
 
-    /// Executes the runs `runIDs` (woken by a change this engine made), as stored now.
-    func execute(runIDs: [Int64]) async throws {
+    /// Executes the runs `runIDs` (woken by a change this engine made), as stored now. The
+    /// change is made: a run that cannot be read now (the database failed) is left to the
+    /// watch, which looks for runs to resume at its next poll.
+    func execute(runIDs: [Int64]) async {
         for runID in runIDs {
-            if let run = try await storage.run(id: runID) { execute(run) }
+            do {
+                if let run = try await storage.run(id: runID) { execute(run) }
+            } catch {
+                logger.error(
+                    "cannot read a run this engine's change woke; the watch resumes it",
+                    metadata: ["hop.run": "\(runID)", "hop.error": "\(error)"])
+                environment.holdings.withLock { $0.letGoAfterAFailure = true }
+            }
         }
     }
 

@@ -18,6 +18,11 @@ extension HopEngine: Service {
     /// On shutdown (``stopExecuting()``), the steps in flight are cancelled and no other run
     /// starts; the leases of those runs and of the runs waiting for a place are released, and
     /// they all stay resumable.
+    ///
+    /// A failure of the database while it watches is logged and the next poll tries again; a
+    /// run whose execution the failure stopped is resumed at that poll. A failure at start-up
+    /// (the first look for expired sessions and runs to resume) is thrown: the daemon's
+    /// supervisor starts it again.
     public func run() async throws {
         // Settings that can never work are refused before the database is read, which may take a
         // while (a resume of many runs): an operator sees at once why nothing is pruned.
@@ -65,7 +70,10 @@ extension HopEngine: Service {
                 let look = ContinuousClock.now - lastLook >= lookEvery
                 if look { lastLook = ContinuousClock.now }
                 let released = try await environment.releaseRunsOfDeadEngines()
-                if version != seen || look || released > 0 {
+                // Cleared by the look itself (resumeClaimable), so that a look skipped because
+                // another is under way is not lost.
+                let letGo = environment.holdings.withLock { $0.letGoAfterAFailure }
+                if version != seen || look || released > 0 || letGo {
                     seen = version
                     try await stopRunsFinishedElsewhere()
                     try await resumeClaimable()
@@ -74,6 +82,9 @@ extension HopEngine: Service {
                 return
             } catch {
                 logger.error("cannot check the database for changes", metadata: ["hop.error": "\(error)"])
+                // What failed may have left a run to resume (a timed-out step's run not read
+                // back, a batch let go): look at the next poll, not a third of a lease later.
+                lastLook = .now - lookEvery
             }
         }
     }

@@ -188,7 +188,7 @@ public actor HopEngine {
             runID: run.id, token: token, output: json, owner: nil, durability: .now)
         environment.metrics.unhops.increment()
         environment.notify(.recorded(run: environment.ref(run), event: entry))
-        if let updated = try await storage.run(id: run.id) { execute(updated) }
+        await execute(runIDs: [run.id])
     }
 
     /// Finishes `step`, on which the unfinished run of `flow` for `subject` is parked, exactly
@@ -248,7 +248,7 @@ public actor HopEngine {
     /// daemon: the engine does not watch its own writes, only other processes'.
     public func storeSession(subject: String, userID: String, token: String, expiresAt: Date? = nil) async throws {
         let woken = try await storage.storeSession(subject: subject, userID: userID, token: token, expiresAt: expiresAt)
-        try await execute(runIDs: woken)
+        await execute(runIDs: woken)
     }
 
     /// Removes the session of `subject` and re-routes the subject's runs parked on a step that
@@ -256,7 +256,7 @@ public actor HopEngine {
     @discardableResult
     public func deleteSession(subject: String) async throws -> Bool {
         let (removed, rerouted) = try await storage.deleteSession(subject: subject)
-        try await execute(runIDs: rerouted)
+        await execute(runIDs: rerouted)
         return removed
     }
 

@@ -18,6 +18,7 @@ extension HopEngine {
     @discardableResult
     func resumeClaimable() async throws -> Int {
         guard !resuming, !stopping else { return 0 }
+        environment.holdings.withLock { $0.letGoAfterAFailure = false }  // this look is the one it asked for
         let stopsBefore = stops
         resuming = true
         defer { resuming = false }
@@ -42,6 +43,7 @@ extension HopEngine {
             } catch {
                 // Not executed here: the runs go back at once, not when their leases expire.
                 await letGo(claimed)
+                environment.holdings.withLock { $0.letGoAfterAFailure = true }
                 throw error
             }
             if stops != stopsBefore && !stopping {

@@ -10,6 +10,9 @@ struct Holdings: Sendable {
     /// Runs that a caller waits to see settle (``HopEngine/settled(runID:)``): their execution
     /// reads the run as it ended, where it ran, for the engine to hand over.
     var awaited: Set<Int64> = []
+    /// This engine let a run go that it could not execute because the database failed: the
+    /// watch looks for runs to resume at its next poll, not a third of a lease later.
+    var letGoAfterAFailure = false
 
     /// Marks held run `runID` lost; `false` when it was not held or already marked.
     mutating func lose(_ runID: Int64) -> Bool {

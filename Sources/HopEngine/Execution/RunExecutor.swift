@@ -359,6 +359,7 @@ final class RunExecutor: FlowExecution {
             // The database failed (busy, I/O): nothing was recorded, so the run stays resumable.
             logger.error("run stopped by a database error; it stays resumable", metadata: ["hop.error": "\(error)"])
             try? await storage.release(runID: run.id, owner: environment.owner)
+            environment.holdings.withLock { $0.letGoAfterAFailure = true }
         default:
             logger.error("run failed", metadata: ["hop.error": "\(error)"])
             try? await writeHeldUnhop()  // the body threw after its last step had ended
