@@ -280,6 +280,9 @@ import Testing
         let run = try await engine.start("startup")
         #expect(try await engine.settled(runID: run.id)?.status == .completed)
         #expect(logs.texts(atLeast: .error).count == 1, "said once, not at every (zero) interval")
+        try await waitUntil("the engine says it is running", timeout: .seconds(30)) {
+            logs.texts(atLeast: .info).contains { $0.contains("engine running") }
+        }
         let said = logs.texts(atLeast: .info)
         let order = ["retention is off", "engine running"].map { text in said.firstIndex { $0.contains(text) } ?? -1 }
         #expect(order[0] >= 0 && order[0] < order[1], "refused before the runs are resumed: \(said)")
