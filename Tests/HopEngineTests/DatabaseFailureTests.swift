@@ -4,6 +4,7 @@ import HopStore
 import HopStoreTestSupport
 import HopTestSupport
 import InMemoryLogging
+import ServiceLifecycleTestKit
 import Synchronization
 import Testing
 
@@ -152,6 +153,87 @@ import Testing
         try await engine.storeSession(subject: "default", userID: "alice", token: "t")
         #expect(storage.pendingFaults("run(id:)") == 0)
         try await waitFor("completed") { $0.status == .completed }
+    }
+
+    /// An engine whose database fails as it starts (its first look for runs to resume) tries
+    /// again, and resumes its runs once the database answers. Before, `run()` threw, which ends
+    /// a daemon's whole service group, for a lock or a connection lost for a moment.
+    @Test(arguments: TestBackend.all)
+    func anEngineWhoseDatabaseFailsAsItStartsTriesAgainAndResumesItsRuns(backend: TestBackend) async throws {
+        let folder = try TemporaryDirectory()
+        let database = try await backend.open(folder)
+        let id = try await database.startRun(
+            flow: "startup", subject: "default", version: "1", owner: nil, until: nil, durability: .now
+        ).run.id
+        let storage = FaultyStorage(database)
+        let logs = InMemoryLogHandler.keepingEverything()
+        let ready = Atomic<Bool>(false)
+        let engine = try await startupEngine(
+            folder, logger: logs.logger(label: "test"), storage: storage,
+            configuration: .init(
+                leaseDuration: .seconds(60),
+                observer: { if case .ready = $0 { ready.store(true, ordering: .sequentiallyConsistent) } }))
+        storage.fail("claimableRuns(versions:now:limit:)", times: 2)
+        storage.fail("expireSessions(now:)", as: .busy)
+        let service = Task { try await engine.run() }
+        defer { service.cancel() }
+
+        try await HopStoreTestSupport.waitUntil("the run is parked at onboarding", timeout: .seconds(60)) {
+            try await database.run(id: id).map { $0.status == .parked && $0.currentStep == "onboarding" } ?? false
+        }
+        // Ready once the start-up succeeded, which may come just after the run it resumed parked.
+        try await HopStoreTestSupport.waitUntil("the engine reports ready", timeout: .seconds(30)) {
+            ready.load(ordering: .sequentiallyConsistent)
+        }
+        #expect(storage.injectedFaults == 3, "calls: \(storage.trace)")
+        #expect(logs.texts(atLeast: .error).filter { $0.contains("cannot start") }.count == 3)
+    }
+
+    /// A failure at start-up that no retry cures (here a schema this binary does not have) is
+    /// thrown out of `run()`, with no run left held and nothing reported ready.
+    @Test func aStartUpFailureThatNeedsAnOperatorIsThrown() async throws {
+        let folder = try TemporaryDirectory()
+        let database = try await TestBackend.sqlite.open(folder)
+        let id = try await database.startRun(
+            flow: "startup", subject: "default", version: "1", owner: nil, until: nil, durability: .now
+        ).run.id
+        let storage = FaultyStorage(database)
+        let engine = try await startupEngine(folder, storage: storage)
+        storage.fail("claimableRuns(versions:now:limit:)", as: .schemaTooNew)
+        await #expect(throws: HopError.self) {
+            do { try await engine.run() } catch let error as HopError {
+                #expect(error.code == .schemaTooNew)
+                throw error
+            }
+        }
+        #expect(try await database.run(id: id)?.owner == nil)
+    }
+
+    /// An engine shut down gracefully while its start-up waits to try again stops at once, and
+    /// without an error: the service group's shutdown is not a failure.
+    @Test func anEngineShutDownWhileItsStartUpTriesAgainStopsWithoutAnError() async throws {
+        let folder = try TemporaryDirectory()
+        let storage = FaultyStorage(try await TestBackend.sqlite.open(folder))
+        let logs = InMemoryLogHandler.keepingEverything()
+        let engine = try await startupEngine(folder, logger: logs.logger(label: "test"), storage: storage)
+        storage.fail("claimableRuns(versions:now:limit:)", times: .max / 2)
+        try await testGracefulShutdown { trigger in
+            let stopped = Atomic<Bool>(false)
+            let service = Task {
+                defer { stopped.store(true, ordering: .sequentiallyConsistent) }
+                try await engine.run()
+            }
+            defer { service.cancel() }
+            try await HopStoreTestSupport.waitUntil("the start-up failed twice", timeout: .seconds(60)) {
+                logs.texts(atLeast: .error).filter { $0.contains("cannot start") }.count >= 2
+            }
+            trigger.triggerGracefulShutdown()
+            try await HopStoreTestSupport.waitUntil("the engine stops", timeout: .seconds(30)) {
+                stopped.load(ordering: .sequentiallyConsistent)
+            }
+            try await service.value
+        }
+        #expect(logs.texts().contains { $0.contains("engine stopped before it was running") })
     }
 
     /// The whole start-up flow, steered as an operator would (onboarding unhopped, a session

@@ -10,6 +10,8 @@ final class FaultyStorage: HopStorage {
     private struct Faults {
         /// How many more times each call fails, by its name as `#function` gives it.
         var named: [String: Int] = [:]
+        /// The error each named call fails with (an I/O error when not set).
+        var codes: [String: HopError.Code] = [:]
         /// The calls that reached this storage so far, and the number of the one to fail.
         var calls = 0
         var failing: Int?
@@ -21,8 +23,14 @@ final class FaultyStorage: HopStorage {
 
     init(_ base: any HopStorage) { self.base = base }
 
-    /// Fails the next `times` calls named `call` (`"histories(runIDs:)"`, as `#function` gives it).
-    func fail(_ call: String, times: Int = 1) { faults.withLock { $0.named[call, default: 0] += times } }
+    /// Fails the next `times` calls named `call` (`"histories(runIDs:)"`, as `#function` gives it),
+    /// with an error of kind `code`.
+    func fail(_ call: String, times: Int = 1, as code: HopError.Code = .ioFailure) {
+        faults.withLock {
+            $0.named[call, default: 0] += times
+            $0.codes[call] = code
+        }
+    }
 
     /// Fails the `number`th call from now, whichever it is (1: the next).
     func failCall(number: Int) { faults.withLock { $0.failing = $0.calls + number } }
@@ -37,23 +45,25 @@ final class FaultyStorage: HopStorage {
     var trace: String { faults.withLock { $0.trace.joined(separator: ", ") } }
 
     private func check(_ call: String = #function) throws {
-        let fails = faults.withLock { faults in
+        let failure: HopError.Code? = faults.withLock { faults in
             faults.calls += 1
+            var code = HopError.Code.ioFailure
             if faults.failing == faults.calls {
                 faults.failing = nil
             } else if let left = faults.named[call], left > 0 {
                 faults.named[call] = left - 1
+                code = faults.codes[call] ?? code
             } else {
                 faults.trace.append(call)
-                return false
+                return nil
             }
             faults.injected += 1
             faults.trace.append(call + " (failed)")
-            return true
+            return code
         }
-        if fails {
+        if let failure {
             throw HopError(
-                .ioFailure, operation: call, path: base.location, reason: "disk I/O error (injected by the test)")
+                failure, operation: call, path: base.location, reason: "\(failure) (injected by the test)")
         }
     }
 

@@ -20,15 +20,23 @@ extension HopEngine: Service {
     /// they all stay resumable.
     ///
     /// A failure of the database while it watches is logged and the next poll tries again; a
-    /// run whose execution the failure stopped is resumed at that poll. A failure at start-up
-    /// (the first look for expired sessions and runs to resume) is thrown: the daemon's
-    /// supervisor starts it again.
+    /// run whose execution the failure stopped is resumed at that poll. At start-up (the first
+    /// look for expired sessions and runs to resume), a failure that may pass (a busy lock, an
+    /// I/O error, a lost connection to PostgreSQL) is logged and tried again, after 0.1 s, then
+    /// twice as long each time up to 5 s, until it succeeds or the engine is shut down; one
+    /// that cannot pass without an operator (no database, a damaged file, a schema this binary
+    /// does not have) is thrown. ``EngineEvent/ready`` comes once the start-up succeeded.
     public func run() async throws {
         // Settings that can never work are refused before the database is read, which may take a
         // while (a resume of many runs): an operator sees at once why nothing is pruned.
         let retention = checkedRetention()
-        try await expireSessions()  // sessions that expired while no daemon ran end their steps now
-        try await resumeAll()
+        do {
+            try await cancelWhenGracefulShutdown { try await self.startUp() }
+        } catch is CancellationError {
+            await stopExecuting()
+            logger.info("engine stopped before it was running; unfinished runs stay resumable")
+            return
+        }
         environment.notify(.ready)
         logger.info(
             "engine running",
@@ -54,6 +62,32 @@ extension HopEngine: Service {
         }
         logger.info("engine stopped; unfinished runs stay resumable")
     }
+
+    /// Ends the steps of sessions that expired while no daemon ran and resumes the unfinished
+    /// runs, trying again while the database fails in a way that may pass.
+    private func startUp() async throws {
+        var delay = Self.firstStartUpRetry
+        while true {
+            do {
+                try await expireSessions()
+                try await resumeAll()
+                return
+            } catch let error as HopError where error.mayPass {
+                // A shutdown under way: not a failure to report (PostgreSQL's client refuses a
+                // query of a cancelled task).
+                try Task.checkCancellation()
+                logger.error(
+                    "cannot start: the database failed; trying again",
+                    metadata: ["hop.error": "\(error)", "hop.retry.in": "\(delay)"])
+                try await Task.sleep(for: delay)
+                delay = min(delay * 2, Self.longestStartUpRetry)
+            }
+        }
+    }
+
+    /// The waits between two tries of a start-up that the database failed.
+    static let firstStartUpRetry = Duration.milliseconds(100)
+    static let longestStartUpRetry = Duration.seconds(5)
 
     private func watch() async {
         var seen = (try? await storage.changeVersion()) ?? 0

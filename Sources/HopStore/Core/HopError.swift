@@ -103,13 +103,24 @@ public struct HopError: Error, Sendable, CustomStringConvertible {
     }
 
     /// Whether the database itself failed (I/O, a full disk, a busy lock, SQLite), rather than
-    /// refusing a request or input or a flow going wrong: nothing was changed, and the same call
-    /// may succeed later.
+    /// refusing a request or input or a flow going wrong: nothing was changed. ``mayPass`` says
+    /// whether the same call may succeed later without anyone acting.
     public var isDatabaseFailure: Bool {
         switch code {
         case .busy, .notADatabase, .cannotOpen, .missing, .ioFailure, .schemaTooNew, .schemaOutdated,
             .migrationEdited, .sqlite, .postgres:
             true
+        default: false
+        }
+    }
+
+    /// Whether the same call may succeed later without anyone doing anything: the database
+    /// was busy, the disk or the file system failed, SQLite failed otherwise, or PostgreSQL did
+    /// (its server may come back). Not when there is no database, the file is damaged or its
+    /// schema is not this binary's: an operator has to act.
+    public var mayPass: Bool {
+        switch code {
+        case .busy, .ioFailure, .sqlite, .postgres: true
         default: false
         }
     }
