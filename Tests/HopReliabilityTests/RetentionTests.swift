@@ -48,8 +48,10 @@ import Testing
         defer { writer.kill() }
         try await writer.waitForOutput("writing")
         let pruning = Task {
+            // 100,000 runs beside three busy processes: seconds, or a minute on a loaded machine.
             try await run(
-                "hopctl", ["prune", "--finished-before", "30d", "--json", "--db", folder.database], in: folder)
+                "hopctl", ["prune", "--finished-before", "30d", "--json", "--db", folder.database], in: folder,
+                timeout: .seconds(300))
         }
         let reading = Task {
             var reads = 0
