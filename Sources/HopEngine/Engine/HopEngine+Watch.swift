@@ -36,6 +36,9 @@ extension HopEngine: Service {
             await stopExecuting()
             logger.info("engine stopped before it was running; unfinished runs stay resumable")
             return
+        } catch {
+            await stopExecuting()  // the runs it resumed before the failure go back at once
+            throw error
         }
         environment.notify(.ready)
         logger.info(
