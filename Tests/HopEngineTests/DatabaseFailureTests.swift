@@ -22,9 +22,7 @@ import Testing
         // Runs in flight as an engine that stopped left them: running, held by none.
         var ids: [Int64] = []
         for subject in ["a", "b", "c"] {
-            let started = try await database.startRun(
-                flow: "startup", subject: subject, version: "1", owner: nil, until: nil, durability: .now)
-            ids.append(started.run.id)
+            ids.append(try await Self.runInFlight(in: database, subject: subject))
         }
         let storage = FaultyStorage(database)
         let engine = try await startupEngine(
@@ -50,9 +48,7 @@ import Testing
     func anExecutionWhoseHistoryReadFailsLetsItsRunGoAtOnce(backend: TestBackend) async throws {
         let folder = try TemporaryDirectory()
         let database = try await backend.open(folder)
-        let id = try await database.startRun(
-            flow: "startup", subject: "default", version: "1", owner: nil, until: nil, durability: .now
-        ).run.id
+        let id = try await Self.runInFlight(in: database)
         let storage = FaultyStorage(database)
         let engine = try await startupEngine(
             folder, storage: storage, configuration: .init(leaseDuration: .seconds(60)))
@@ -162,9 +158,7 @@ import Testing
     func anEngineWhoseDatabaseFailsAsItStartsTriesAgainAndResumesItsRuns(backend: TestBackend) async throws {
         let folder = try TemporaryDirectory()
         let database = try await backend.open(folder)
-        let id = try await database.startRun(
-            flow: "startup", subject: "default", version: "1", owner: nil, until: nil, durability: .now
-        ).run.id
+        let id = try await Self.runInFlight(in: database)
         let storage = FaultyStorage(database)
         let logs = InMemoryLogHandler.keepingEverything()
         let ready = Atomic<Bool>(false)
@@ -194,9 +188,7 @@ import Testing
     @Test func aStartUpFailureThatNeedsAnOperatorIsThrown() async throws {
         let folder = try TemporaryDirectory()
         let database = try await TestBackend.sqlite.open(folder)
-        let id = try await database.startRun(
-            flow: "startup", subject: "default", version: "1", owner: nil, until: nil, durability: .now
-        ).run.id
+        let id = try await Self.runInFlight(in: database)
         let storage = FaultyStorage(database)
         let engine = try await startupEngine(folder, storage: storage)
         storage.fail("claimableRuns(versions:now:limit:)", as: .schemaTooNew)
@@ -325,6 +317,14 @@ import Testing
 
     /// Waits until run `id` holds `condition`, resuming what the engine does not execute (as
     /// its watch would), at most 10 s.
+    /// The id of a start-up run of `subject` in flight as an engine that stopped leaves it:
+    /// running, held by none.
+    private static func runInFlight(in database: any HopStorage, subject: String = "default") async throws -> Int64 {
+        try await database.startRun(
+            flow: "startup", subject: subject, version: "1", owner: nil, until: nil, durability: .now
+        ).run.id
+    }
+
     private static func waitUntil(
         _ engine: HopEngine, runs id: Int64, _ what: String, _ condition: (RunRecord) -> Bool
     ) async throws {
