@@ -228,6 +228,42 @@ import Testing
         #expect(logs.texts().contains { $0.contains("engine stopped before it was running") })
     }
 
+    /// A database that fails at every poll of the watch for a while (250 polls here, 12.5 s or
+    /// more) is said once, then again every 10 s while it lasts, and once more when it answers
+    /// again, with how many polls failed. Before, the watch logged each failed poll: 20 lines a
+    /// second for as long as an outage lasts.
+    @Test func aDatabaseThatFailsAtEveryPollIsSaidOnceAndWhenItAnswersAgain() async throws {
+        let folder = try TemporaryDirectory()
+        let storage = FaultyStorage(try await TestBackend.sqlite.open(folder))
+        let logs = InMemoryLogHandler.keepingEverything()
+        let ready = Atomic<Bool>(false)
+        let engine = try await startupEngine(
+            folder, logger: logs.logger(label: "test"), storage: storage,
+            configuration: .init(observer: {
+                if case .ready = $0 { ready.store(true, ordering: .sequentiallyConsistent) }
+            }))
+        let service = Task { try await engine.run() }
+        defer { service.cancel() }
+        try await HopStoreTestSupport.waitUntil("the engine reports ready", timeout: .seconds(30)) {
+            ready.load(ordering: .sequentiallyConsistent)
+        }
+
+        let outageBegan = ContinuousClock.now
+        storage.fail("changeVersion()", times: 250)
+        try await HopStoreTestSupport.waitUntil("the engine says the database answers again", timeout: .seconds(120)) {
+            logs.texts().contains { $0.contains("the database answers again") }
+        }
+        let outage = ContinuousClock.now - outageBegan
+        #expect(storage.pendingFaults("changeVersion()") == 0)
+        let errors = logs.texts(atLeast: .error)
+        #expect(errors.first?.contains("trying again at each poll") == true, "\(errors)")
+        #expect(errors.dropFirst().allSatisfy { $0.contains("the database still fails") }, "\(errors)")
+        // One line at first, then one per 10 s of the outage (at least one: it lasted 12.5 s or more).
+        let most = 1 + Int(outage / .seconds(10))
+        #expect(errors.count >= 2 && errors.count <= most, "\(errors.count) lines in \(outage): \(errors)")
+        #expect(logs.texts().contains { $0.contains("answers again") && $0.contains("\"hop.failures\": 250") })
+    }
+
     /// The whole start-up flow, steered as an operator would (onboarding unhopped, a session
     /// stored), once for every call the engine and the steering make to the database, that call
     /// failing: wherever the database fails once, the run goes on at once (a failed command is

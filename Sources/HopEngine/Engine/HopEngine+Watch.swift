@@ -91,6 +91,8 @@ extension HopEngine: Service {
     /// The waits between two tries of a start-up that the database failed.
     static let firstStartUpRetry = Duration.milliseconds(100)
     static let longestStartUpRetry = Duration.seconds(5)
+    /// While the watch's polls fail, one line about it this often at most.
+    static let failureReportEvery = Duration.seconds(10)
 
     private func watch() async {
         var seen = (try? await storage.changeVersion()) ?? 0
@@ -98,6 +100,7 @@ extension HopEngine: Service {
         // and for runs whose lease expired, whether or not the database changed.
         let lookEvery = configuration.leaseDuration / 3
         var lastLook = ContinuousClock.now
+        var failures = RepeatedFailures(every: Self.failureReportEvery)
         while !Task.isCancelled {
             do {
                 try await Task.sleep(for: configuration.pollInterval)
@@ -115,10 +118,25 @@ extension HopEngine: Service {
                     try await stopRunsFinishedElsewhere()
                     try await resumeClaimable()
                 }
+                if let outage = failures.succeeded(at: .now) {
+                    logger.notice(
+                        "the database answers again",
+                        metadata: ["hop.failures": "\(outage.failures)", "hop.outage": "\(outage.lasted)"])
+                }
             } catch is CancellationError {
                 return
             } catch {
-                logger.error("cannot check the database for changes", metadata: ["hop.error": "\(error)"])
+                switch failures.failed(at: .now) {
+                case .first:
+                    logger.error(
+                        "cannot check the database for changes; trying again at each poll",
+                        metadata: ["hop.error": "\(error)"])
+                case .still(let count):
+                    logger.error(
+                        "the database still fails",
+                        metadata: ["hop.error": "\(error)", "hop.failures": "\(count)"])
+                case nil: break
+                }
                 // What failed may have left a run to resume (a timed-out step's run not read
                 // back, a batch let go): look at the next poll, not a third of a lease later.
                 lastLook = .now - lookEvery
