@@ -4,6 +4,7 @@ import HopStore
 import HopStoreTestSupport
 import HopTestSupport
 import InMemoryLogging
+import Logging
 import ServiceLifecycleTestKit
 import Synchronization
 import Testing
@@ -199,6 +200,47 @@ import Testing
             }
         }
         #expect(try await database.run(id: id)?.owner == nil)
+    }
+
+    /// A start-up that throws after it began executing a run (here: a session that expired
+    /// while no daemon ran re-routes a run into a long step, then the look for runs to resume
+    /// fails in a way no retry cures) stops that execution and releases the run before `run()`
+    /// returns: nothing goes on executing behind a daemon that is exiting.
+    @Test func aStartUpThatThrowsStopsWhatItBegan() async throws {
+        let folder = try TemporaryDirectory()
+        let database = try await TestBackend.sqlite.open(folder)
+        func register(on engine: HopEngine) {
+            engine.register(
+                Flow("f", version: "1") { flow in
+                    try await flow.hop(to: "main")
+                    try await flow.hop(to: "work")
+                })
+            engine.register(step: "main", .external(unhopWhen: .sessionRemoved))
+            engine.register(step: "work") { _ in try await Task.sleep(for: .seconds(600)) }
+        }
+        let first = HopEngine(
+            storage: database, logger: Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() }))
+        register(on: first)
+        // Parked on "main", which lasts while the session is stored (a login that expires).
+        let expiry = Date().addingTimeInterval(5)  // room for a loaded machine to park the run first
+        try await database.storeSession(subject: "s", userID: "alice", token: "t", expiresAt: expiry)
+        let run = try await first.start("f", subject: "s")
+        let parked = try #require(try await first.settled(runID: run.id))
+        try #require(parked.status == .parked && parked.currentStep == "main", "\(parked)")
+        try await HopStoreTestSupport.waitUntil("the session's expiry has come", timeout: .seconds(10)) {
+            Date() > expiry
+        }
+
+        let storage = FaultyStorage(database)
+        let engine = HopEngine(
+            storage: storage, logger: Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() }))
+        register(on: engine)
+        storage.fail("claimableRuns(versions:now:limit:)", as: .schemaTooNew)
+        await #expect(throws: HopError.self) { try await engine.run() }
+        #expect(storage.trace.contains("expireSessions(now:)"), "calls: \(storage.trace)")
+        #expect(await engine.executingCount == 0, "the re-routed run still executes")
+        let left = try #require(try await database.run(id: run.id))
+        #expect(left.status == .running && left.owner == nil, "\(left)")
     }
 
     /// An engine shut down gracefully while its start-up waits to try again stops at once, and
