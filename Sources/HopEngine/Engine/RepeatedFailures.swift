@@ -13,8 +13,8 @@ struct RepeatedFailures {
 
     /// The shortest time between two lines about the same outage.
     let every: Duration
-    /// Failures since the last success, and when the first of them came.
-    private(set) var failures = 0
+    /// Failures since the last success, and when the first of them came (`nil`: no failure).
+    private var failures = 0
     private var since: ContinuousClock.Instant?
     /// Failures since the last line, and when that line was said.
     private var unsaid = 0
@@ -40,7 +40,7 @@ struct RepeatedFailures {
     /// Notes a success at `now`: how many failed in a row and for how long, when it ends an
     /// outage; `nil` otherwise.
     mutating func succeeded(at now: ContinuousClock.Instant) -> (failures: Int, lasted: Duration)? {
-        guard failures > 0, let since else { return nil }
+        guard let since else { return nil }
         defer { self = RepeatedFailures(every: every) }
         return (failures, now - since)
     }
