@@ -96,7 +96,7 @@ import Testing
         lines.map { line in
             var line = line
             line = line.replacing(/\[\s*\d+\.\d\ds\]/, with: "[T]")
-            line = line.replacing(/\b\d+[smhd] ago\b/, with: "AGO")
+            line = line.replacing(/\b(\d+[smhd])+ ago\b/, with: "AGO")
             line = line.replacing(/[0-9a-f]{4}…\*{8}/, with: "TOKEN")
             line = line.replacing(/\/\S*hop\.sqlite|\/tmp\/hop-tour\.sqlite|postgres:\/\/\S+/, with: "DB")
             return line.split(separator: " ", omittingEmptySubsequences: true).joined(separator: " ")

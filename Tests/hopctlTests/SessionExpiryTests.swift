@@ -18,6 +18,11 @@ import Testing
         #expect(lasting.stdout.contains("never expires"), "\(lasting.stdout)")
         let timed = try await hopctl(["session", "login", "bob", "--expires-in", "1s"], in: folder)
         #expect(timed.status == 0 && timed.stdout.contains("expires in 1s"), "\(timed.stdout)")
+        // What was asked, not the largest unit of it.
+        let ninety = try await hopctl(["session", "login", "bob", "--expires-in", "90m"], in: folder)
+        #expect(ninety.status == 0 && ninety.stdout.contains("expires in 1h30m"), "\(ninety.stdout)")
+        let shown = try await hopctl(["session", "show"], in: folder)
+        #expect(shown.stdout.contains("in 1h30m") || shown.stdout.contains("in 1h29m"), "\(shown.stdout)")
     }
 
     @Test func aTokenIsNeverEchoedAndBadTokensAreUsageErrors() async throws {

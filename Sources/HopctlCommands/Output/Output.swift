@@ -122,16 +122,22 @@ enum Output {
         text.count <= limit ? text : String(text.prefix(limit - 1)) + "…"
     }
 
-    /// "12s ago", "5m ago", "3h ago", "2d ago"; "in 5m" for a future time.
+    /// "12s ago", "5m30s ago", "3h ago", "1d12h ago"; "in 1h30m" for a future time. The two
+    /// largest units, the second left out when it is zero: a time reads at most a unit of its
+    /// second place short (an expiry of 90 minutes is "in 1h30m", not "in 1h").
     static func relative(_ date: Date, now: Date) -> String {
         let seconds = Int(max(-1e15, min(1e15, now.timeIntervalSince(date).rounded())))
         let magnitude = abs(seconds)
-        let text: String
-        switch magnitude {
-        case ..<60: text = "\(magnitude)s"
-        case ..<3600: text = "\(magnitude / 60)m"
-        case ..<86_400: text = "\(magnitude / 3600)h"
-        default: text = "\(magnitude / 86_400)d"
+        let units = [(86_400, "d"), (3600, "h"), (60, "m"), (1, "s")]
+        var text = "\(magnitude)s"
+        if let first = units.firstIndex(where: { magnitude >= $0.0 }) {
+            let (size, name) = units[first]
+            text = "\(magnitude / size)\(name)"
+            if first + 1 < units.count {
+                let (smaller, smallerName) = units[first + 1]
+                let rest = magnitude % size / smaller
+                if rest > 0 { text += "\(rest)\(smallerName)" }
+            }
         }
         return seconds >= 0 ? "\(text) ago" : "in \(text)"
     }
