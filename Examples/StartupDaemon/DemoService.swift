@@ -81,6 +81,18 @@ struct DemoService: Service {
                     parkedStep = nil
                     narrated = 0
                     ending = false
+                    // What the new run recorded before this look: its events went by while this
+                    // service followed the old run.
+                    for entry in try await store.history(runID: run.id) {
+                        narrator.recorded(entry, subject: subject)
+                        narrated = entry.seq
+                    }
+                    if let current = try await store.run(id: run.id), current.status == .parked,
+                        let step = current.currentStep
+                    {
+                        parkedStep = step
+                        try await parked(on: step)
+                    }
                     continue
                 }
                 if !latest.status.isUnfinished && !ending {

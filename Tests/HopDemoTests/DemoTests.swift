@@ -97,6 +97,12 @@ import Testing
         try await waitUntil("the daemon executes run 2 to onboarding", timeout: .seconds(30)) {
             try await store.run(id: 2)?.status == .parked
         }
+        // Run 2 is told from its first hop, though that came before the demo noticed the restart.
+        let told = { String(demo.stdout.split(separator: "following it\n", maxSplits: 1).dropFirst().first ?? "") }
+        try await waitUntil("hop-demo tells run 2 parked", timeout: .seconds(30)) {
+            told().contains("parked at onboarding")
+        }
+        #expect(told().contains("hop    -> splash") && told().contains("unhop  <- splash"), "\(demo.stdout)")
         #expect(
             try await run(
                 "hopctl", ["unhop", "--flow", "startup", "--step", "onboarding", "--db", folder.database], in: folder
