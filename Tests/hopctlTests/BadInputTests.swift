@@ -25,6 +25,44 @@ import Testing
         #expect(try await store.session(subject: "default")?.userID == "alice")
     }
 
+    /// A negative number is a value out of range, not a missing value followed by an unknown option.
+    @Test func aNegativeNumberIsSaidToBeOutOfRange() async throws {
+        let folder = try TemporaryDirectory()
+        try await completedStartup(folder)
+        for (arguments, option) in [
+            (["prune", "--finished-before", "-1d"], "--finished-before"), (["status", "--limit", "-1"], "--limit"),
+            (["history", "--flow", "startup", "--limit", "-2"], "--limit"),
+            (["session", "login", "bob", "--expires-in", "-5d"], "--expires-in"),
+            (["prune", "--finished-before", "1d", "--keep-last", "-3"], "--keep-last"),
+            (["session", "logout", "--busy-timeout", "-1"], "--busy-timeout"),
+        ] {
+            let result = try await hopctl(arguments, in: folder)
+            #expect(result.status == 64, "\(arguments)")
+            #expect(
+                result.stderr.contains("\(option) is out of range") && !result.stderr.contains("Missing value"),
+                "\(arguments): \(result.stderr)")
+        }
+        #expect(try await HopStore.open(path: folder.database).allRuns(flow: "startup").count == 1)
+    }
+
+    /// A prune of a mistyped flow removes nothing, as one of a flow with nothing old enough does,
+    /// but says the name is unknown; a known flow's empty prune says nothing more.
+    @Test func aPruneOfAFlowWithNoRunSaysSo() async throws {
+        let folder = try TemporaryDirectory()
+        try await completedStartup(folder)
+        for json in [false, true] {
+            let mistyped = try await hopctl(
+                ["prune", "--finished-before", "1d", "--flow", "startpu"] + (json ? ["--json"] : []), in: folder)
+            #expect(mistyped.status == 0, "\(mistyped.stderr)")
+            #expect(
+                mistyped.stderr.contains("no run of flow 'startpu' is stored here (the flows here: startup)"),
+                "\(mistyped.stderr)")
+        }
+        let known = try await hopctl(["prune", "--finished-before", "1d", "--flow", "startup"], in: folder)
+        #expect(known.status == 0 && known.stderr.isEmpty, "\(known.stderr)")
+        #expect(known.stdout.contains("pruned 0 runs"), "\(known.stdout)")
+    }
+
     @Test func unknownNamesAreRuntimeErrorsThatSayWhatToDo() async throws {
         let folder = try TemporaryDirectory()
         try await completedStartup(folder)

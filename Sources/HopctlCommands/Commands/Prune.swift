@@ -27,6 +27,7 @@ struct Prune: AsyncParsableCommand {
     @OptionGroup var output: OutputOptions
 
     @Option(
+        parsing: .unconditional,
         help: ArgumentHelp(
             "Remove runs that finished longer ago than this (a number followed by s, m, h or d, e.g. 30d).",
             valueName: "age"))
@@ -73,6 +74,16 @@ struct Prune: AsyncParsableCommand {
         var report = try await store.prune(
             Pruning(finishedBefore: cutoff, flow: flow, keepLast: keepLast), dryRun: dryRun)
         if let file { report.reclaimedBytes += try await file.vacuum() }
+        if let flow, report.runs == 0 {
+            // Not an error: a scheduled prune of a flow whose runs are all gone is not one. But a
+            // mistyped name must not read as "nothing was old enough".
+            let flows = try await store.flowNames()
+            if !flows.contains(flow) {
+                let here =
+                    flows.isEmpty ? "no flow has run here yet" : "the flows here: \(flows.joined(separator: ", "))"
+                Output.note("note: no run of flow '\(flow)' is stored here (\(here)); check the flow's name")
+            }
+        }
         if output.json { return try Output.json(PruneJSON(report, cutoff: cutoff, dryRun: dryRun)) }
         let runs = "\(report.runs) run\(report.runs == 1 ? "" : "s") (\(report.historyEntries) history entries)"
         let cutoffText = cutoff.formatted(.iso8601)

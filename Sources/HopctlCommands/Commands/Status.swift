@@ -38,6 +38,7 @@ struct Status: AsyncParsableCommand {
     var status: RunStatus?
 
     @Option(
+        parsing: .unconditional,
         help: ArgumentHelp(
             "At most this many runs (\(StatusRequest.defaultLimit) by default); a note on standard error says when more were left out.",
             valueName: "count"))
