@@ -34,6 +34,10 @@ import Testing
         let again = try await hopctl(["backup", target], in: folder)
         #expect(again.status == 1 && again.stderr.contains("a backup never overwrites a file"), "\(again.stderr)")
         #expect(stat(target, &info) == 0 && info.st_size > 0)
+        // A folder is not taken for a file that exists.
+        let toFolder = try await hopctl(["backup", folder.url.path], in: folder)
+        #expect(toFolder.status == 1 && toFolder.stderr.contains("the path is a folder"), "\(toFolder.stderr)")
+        #expect(toFolder.stderr.contains("Name a new file in it"), "\(toFolder.stderr)")
 
         // Restore: the daemon stopped, the copy in place of its database, a daemon started on it.
         daemon.kill()

@@ -72,6 +72,12 @@ extension HopStore {
         let descriptor = Glibc.open(target, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC | O_NOFOLLOW, 0o600)
         guard descriptor >= 0 else {
             let code = errno
+            var info = stat()
+            if code == EEXIST, stat(target, &info) == 0, info.st_mode & S_IFMT == S_IFDIR {
+                throw HopError(
+                    .cannotOpen, operation: operation, path: target, reason: "the path is a folder",
+                    hint: "Name a new file in it, e.g. \(target)/hop-$(date +%F).sqlite")
+            }
             throw HopError(
                 .cannotOpen, operation: operation, path: target,
                 reason: code == EEXIST
