@@ -121,6 +121,21 @@ struct SubjectOption: ParsableArguments {
     func validate() throws { try checkIdentifier(subject, as: "subject") }
 }
 
+/// `--version V`, the name `start` and `fork` first gave `--flow-version`: still taken, no longer
+/// shown. (Shown beside the `--version` flag every command has, it read as one option with two
+/// meanings.)
+struct FormerFlowVersionOption: ParsableArguments {
+    @Option(name: .customLong("version"), help: ArgumentHelp(visibility: .private))
+    var version: String?
+
+    /// Refuses both spellings given with different versions.
+    func check(besides flowVersion: String?) throws {
+        if let version, let flowVersion, version != flowVersion {
+            throw ValidationError("--version V is the former name of --flow-version: give one of them")
+        }
+    }
+}
+
 /// `--json` for read commands.
 struct OutputOptions: ParsableArguments {
     @Flag(name: .long, help: "Print JSON (stable field names, documented in the README) instead of a table.")

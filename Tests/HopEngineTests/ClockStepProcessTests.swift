@@ -38,7 +38,8 @@ import Testing
 
         try clock.step(to: 300)
         let started = try await run(
-            "hopctl", ["start", "--flow", "startup", "--subject", "third", "--version", "2", "--db", folder.database],
+            "hopctl",
+            ["start", "--flow", "startup", "--subject", "third", "--flow-version", "2", "--db", folder.database],
             environment: environment, in: folder)
         #expect(started.status == 0, "\(started.stderr)")
         let third = try #require(try await store.latestRun(flow: "startup", subject: "third"))

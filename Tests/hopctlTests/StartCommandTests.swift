@@ -38,15 +38,15 @@ import Testing
         let typo = try await hopctl(["start", "--flow", "startpu", "--subject", "user-9"], in: folder)
         #expect(typo.status == 1 && typo.stderr.contains("the flows that ran here: startup"), "\(typo.stderr)")
         let noVersion = try await hopctl(["start", "--flow", "other", "--subject", "user-9", "--force"], in: folder)
-        #expect(noVersion.status == 1 && noVersion.stderr.contains("--version"), "\(noVersion.stderr)")
-        let badVersion = try await hopctl(["start", "--flow", "startup", "--version", "1\u{7}"], in: folder)
+        #expect(noVersion.status == 1 && noVersion.stderr.contains("--flow-version"), "\(noVersion.stderr)")
+        let badVersion = try await hopctl(["start", "--flow", "startup", "--flow-version", "1\u{7}"], in: folder)
         #expect(badVersion.status == 64, "\(badVersion.stderr)")
         #expect(try await store.runs().count == runsBefore)
         #expect(try await store.allRuns(flow: "startup", subject: "user-9").count == 1)
 
         // With --force and a version, the first run of a flow is recorded, for a daemon that has it.
         let forced = try await hopctl(
-            ["start", "--flow", "other", "--subject", "user-9", "--force", "--version", "3"], in: folder)
+            ["start", "--flow", "other", "--subject", "user-9", "--force", "--flow-version", "3"], in: folder)
         #expect(forced.status == 0, "\(forced.stderr)")
         let other = try #require(try await store.latestRun(flow: "other", subject: "user-9"))
         #expect(other.status == .running && other.flowVersion == "3" && other.owner == nil)
@@ -72,5 +72,26 @@ import Testing
 
         daemon.closeInput()
         #expect(try await daemon.waitForExit() == 0)
+    }
+
+    /// The flow version is `--flow-version`: the help shows one `--version`, hopctl's own. The
+    /// first spelling, `--version V`, is still taken; both with different versions are refused.
+    @Test func theFlowVersionIsFlowVersionAndTheFirstSpellingStillWorks() async throws {
+        let folder = try TemporaryDirectory()
+        try await completedStartup(folder)
+        for command in ["start", "fork"] {
+            let help = try await hopctl([command, "--help"], in: folder)
+            #expect(help.stdout.contains("--flow-version <v>"), "\(help.stdout)")
+            let versionLines = help.stdout.split(separator: "\n").filter { $0.contains("--version") }
+            #expect(versionLines.count == 1 && versionLines[0].contains("Show the version"), "\(help.stdout)")
+        }
+        let former = try await hopctl(["start", "--flow", "startup", "--subject", "s1", "--version", "7"], in: folder)
+        #expect(former.status == 0 && former.stdout.contains("(version 7)"), "\(former.stdout)\(former.stderr)")
+        let both = try await hopctl(
+            ["start", "--flow", "startup", "--subject", "s2", "--version", "7", "--flow-version", "8"], in: folder)
+        #expect(both.status == 64 && both.stderr.contains("former name of --flow-version"), "\(both.stderr)")
+        let store = try await HopStore.open(path: folder.database)
+        #expect(try await store.latestRun(flow: "startup", subject: "s1")?.flowVersion == "7")
+        #expect(try await store.latestRun(flow: "startup", subject: "s2") == nil)
     }
 }

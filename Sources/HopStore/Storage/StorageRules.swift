@@ -132,13 +132,13 @@ package struct StorageRules: Sendable {
             throw refuse(
                 .refused, operation, "no run of flow '\(flow)' has ever run here (\(listed))",
                 hint:
-                    "Check the flow's name; to start the first run of a flow a daemon has registered, pass --force and its --version"
+                    "Check the flow's name; to start the first run of a flow a daemon has registered, pass --force and its --flow-version"
             )
         }
         guard let chosen = version ?? newest else {
             throw refuse(
                 .refused, operation, "no run of flow '\(flow)' has run here to take the flow version from",
-                hint: "Pass the flow version the daemon registered (--version)")
+                hint: "Pass the flow version the daemon registered (--flow-version)")
         }
         return chosen
     }

@@ -9,7 +9,7 @@ struct Fork: AsyncParsableCommand {
             For a run that diverged after a code change, or is stuck: the new run takes entries 1 to \
             --from of the old run (the latest run of the flow for the subject, or --run) as done — no \
             step before that entry runs again, its decisions and outputs stand — and a daemon with the \
-            flow's version (--version, else the old run's) carries it on from there. The old run, \
+            flow's version (--flow-version, else the old run's) carries it on from there. The old run, \
             ended if it was unfinished, and the new one are linked by `fork` entries in their \
             histories. Choose --from from `hopctl history`: an entry where no step is in flight \
             (`hopctl status --status diverged` shows where each diverged run stopped agreeing).
@@ -29,14 +29,21 @@ struct Fork: AsyncParsableCommand {
         help: ArgumentHelp("The last entry of the old run the new run takes as done.", valueName: "seq"))
     var through: Int64
 
-    @Option(help: ArgumentHelp("The flow version the new run continues on (default: the old run's).", valueName: "v"))
-    var version: String?
+    @Option(
+        name: .customLong("flow-version"),
+        help: ArgumentHelp("The flow version the new run continues on (default: the old run's).", valueName: "v"))
+    var flowVersion: String?
+
+    @OptionGroup var formerSpelling: FormerFlowVersionOption
+
+    var version: String? { flowVersion ?? formerSpelling.version }
 
     func validate() throws {
         if through < 1 { throw ValidationError("--from is out of range: history entries are 1 or more") }
         if let run, run < 1 {
             throw ValidationError("--run is out of range: run ids are 1 or more (see `hopctl status`)")
         }
+        try formerSpelling.check(besides: flowVersion)
         if let version { try checkIdentifier(version, as: "flow version") }
     }
 

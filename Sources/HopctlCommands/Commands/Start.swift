@@ -8,10 +8,10 @@ struct Start: AsyncParsableCommand {
         discussion: """
             The run is recorded with no owner; the first daemon with the flow's version that sees \
             the change claims it and executes it from the first step, as it would a run it started \
-            itself. The version is --version, else that of the flow's newest run here. Refused, \
+            itself. The version is --flow-version, else that of the flow's newest run here. Refused, \
             changing nothing, when the subject has an unfinished run of the flow (`hopctl status` \
             shows it), and when no run of the flow has ever run here (a mistyped name, say): pass \
-            --force with --version to start the first run of a flow a daemon has registered.
+            --force with --flow-version to start the first run of a flow a daemon has registered.
             """)
 
     @OptionGroup var global: GlobalOptions
@@ -19,14 +19,20 @@ struct Start: AsyncParsableCommand {
     @OptionGroup var output: OutputOptions
 
     @Option(
+        name: .customLong("flow-version"),
         help: ArgumentHelp(
             "The flow version the run executes on (default: that of the flow's newest run here).", valueName: "v"))
-    var version: String?
+    var flowVersion: String?
 
-    @Flag(help: "Start the run even when no run of the flow has run here yet (needs --version).")
+    @OptionGroup var formerSpelling: FormerFlowVersionOption
+
+    @Flag(help: "Start the run even when no run of the flow has run here yet (needs --flow-version).")
     var force = false
 
+    var version: String? { flowVersion ?? formerSpelling.version }
+
     func validate() throws {
+        try formerSpelling.check(besides: flowVersion)
         if let version { try checkIdentifier(version, as: "flow version") }
     }
 
