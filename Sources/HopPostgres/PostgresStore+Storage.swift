@@ -57,12 +57,18 @@ extension PostgresStore: HopStorage {
     }
 
     @discardableResult
-    package func cancelRun(flow: String, subject: String, reason: String) async throws -> RunRecord {
+    package func cancelRun(flow: String, subject: String, runID: Int64?, reason: String) async throws -> RunRecord {
         try validate(flow, as: "flow name")
         try validate(subject, as: "subject")
         let operation = "cancel \(flow) for \(subject)"
         return try await transaction(operation) { tx in
-            guard let run = try await tx.unfinishedRun(flow: flow, subject: subject) else {
+            let unfinished = try await tx.unfinishedRun(flow: flow, subject: subject)
+            if let runID {
+                try StorageRules(location: tx.location).checkNamedRun(
+                    runID, named: try await tx.run(id: runID), current: unfinished, flow: flow, subject: subject,
+                    verb: "cancel", operation: operation)
+            }
+            guard let run = unfinished else {
                 throw tx.noUnfinishedRun(flow: flow, subject: subject, operation: operation)
             }
             try await tx.append(runID: run.id, .cancel, step: run.currentStep, value: reason)
@@ -171,13 +177,18 @@ extension PostgresStore: HopStorage {
     }
 
     @discardableResult
-    package func restartRun(flow: String, subject: String, version: String?) async throws -> RunRecord {
+    package func restartRun(flow: String, subject: String, runID: Int64?, version: String?) async throws -> RunRecord {
         try validate(flow, as: "flow name")
         try validate(subject, as: "subject")
         if let version { try validate(version, as: "flow version") }
         let operation = "restart \(flow) for \(subject)"
         return try await transaction(operation) { tx in
             let latest = try await tx.requireLatestRun(flow: flow, subject: subject, operation: operation)
+            if let runID {
+                try StorageRules(location: tx.location).checkNamedRun(
+                    runID, named: runID == latest.id ? latest : try await tx.run(id: runID), current: latest,
+                    flow: flow, subject: subject, verb: "restart", operation: operation)
+            }
             if latest.status.isUnfinished {
                 try await tx.append(runID: latest.id, .restart, step: latest.currentStep, value: "restarted")
                 try await tx.setStatus(latest.id, .cancelled)

@@ -494,7 +494,7 @@ struct CacheError: Error, CustomStringConvertible {
         ] {
             _ = try await store.startRun(flow: flow, subject: subject, version: "1")
         }
-        let newest = try await store.restartRun(flow: "archive", subject: "kiosk-1", version: nil)
+        let newest = try await store.restartRun(flow: "archive", subject: "kiosk-1", runID: nil, version: nil)
         #expect(try await store.flowNames() == ["archive", "startup", "update"])
         let runs = try await store.runs(flow: nil, subject: "kiosk-1", limit: 10)
         #expect(runs.map(\.flow) == ["archive", "startup", "update"])
@@ -523,13 +523,13 @@ struct CacheError: Error, CustomStringConvertible {
         try await complete(try await start("startup", "a"))
         try await store.recordHop(runID: try await start("startup", "a"), step: "login", parks: true)
         _ = try await start("startup", "b")
-        try await store.cancelRun(flow: "startup", subject: "b", reason: "test")
+        try await store.cancelRun(flow: "startup", subject: "b", runID: nil, reason: "test")
         try await complete(try await start("startup", "b"))
         _ = try await start("startup", "c")
         try await store.divergeRun(runID: try await start("archive", "a"), step: "s", message: "changed", owner: nil)
         try await store.recordHop(runID: try await start("archive", "c"), step: "login", parks: true)
         _ = try await start("update", "b")
-        try await store.cancelRun(flow: "update", subject: "b", reason: "test")
+        try await store.cancelRun(flow: "update", subject: "b", runID: nil, reason: "test")
 
         var newest: [RunRecord] = []
         for flow in try await store.flowNames() {

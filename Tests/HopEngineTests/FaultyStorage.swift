@@ -95,9 +95,9 @@ final class FaultyStorage: HopStorage {
             flow: flow, subject: subject, version: version, owner: owner, until: until, durability: durability)
     }
 
-    func cancelRun(flow: String, subject: String, reason: String) async throws -> RunRecord {
+    func cancelRun(flow: String, subject: String, runID: Int64?, reason: String) async throws -> RunRecord {
         try check()
-        return try await base.cancelRun(flow: flow, subject: subject, reason: reason)
+        return try await base.cancelRun(flow: flow, subject: subject, runID: runID, reason: reason)
     }
 
     func startNewRun(flow: String, subject: String, version: String?, allowingNewFlow: Bool) async throws -> RunRecord {
@@ -111,9 +111,9 @@ final class FaultyStorage: HopStorage {
         return try await base.prune(pruning, dryRun: dryRun)
     }
 
-    func restartRun(flow: String, subject: String, version: String?) async throws -> RunRecord {
+    func restartRun(flow: String, subject: String, runID: Int64?, version: String?) async throws -> RunRecord {
         try check()
-        return try await base.restartRun(flow: flow, subject: subject, version: version)
+        return try await base.restartRun(flow: flow, subject: subject, runID: runID, version: version)
     }
 
     func forkRun(

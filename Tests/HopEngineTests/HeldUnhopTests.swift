@@ -138,7 +138,7 @@ import Testing
             by: [.unhop(token: token, output: nil), .decision(name: "plan", value: "{not json")], owner: "engine",
             .invalidInput, "an invalid decision after the unhop")
         #expect(try await store.run(id: run.id)?.currentStep == "first")
-        _ = try await store.cancelRun(flow: "f", subject: "s", reason: "test")
+        _ = try await store.cancelRun(flow: "f", subject: "s", runID: nil, reason: "test")
         try await expectNothingChanged(
             by: [.unhop(token: token, output: nil), .complete], owner: "engine", .refused, "a cancelled run")
     }

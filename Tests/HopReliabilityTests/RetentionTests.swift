@@ -302,7 +302,7 @@ import Testing
                 _ = try await store.startRun(flow: "archive", subject: subject, version: "1")
                 let last = round == index % 4
                 if !(last && index % 3 == 0) {
-                    try await store.cancelRun(flow: "archive", subject: subject, reason: "test")
+                    try await store.cancelRun(flow: "archive", subject: subject, runID: nil, reason: "test")
                 }
             }
         }

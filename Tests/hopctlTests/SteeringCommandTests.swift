@@ -38,6 +38,56 @@ import Testing
         #expect(nothing.stderr.contains(backend.name == "sqlite" ? folder.database : "postgres://"))
     }
 
+    /// `restart --run ID` and `cancel --run ID` act only while ID is the run they would act on:
+    /// the same command again (a retry after a timeout, a double click) changes nothing.
+    @Test(arguments: TestBackend.all) func aRetriedRestartOrCancelThatNamesItsRunChangesNothing(
+        backend: TestBackend
+    ) async throws {
+        let folder = try TemporaryDirectory()
+        let db = try await backend.location(folder)
+        try await completedStartup(folder, db: db)
+        let store = try await backend.open(folder)
+        func runs() async throws -> [String] {
+            try await store.allRuns(flow: "startup").map { "\($0.id) \($0.status.rawValue)" }
+        }
+
+        let restart = ["restart", "--flow", "startup", "--run", "1"]
+        let first = try await hopctl(restart, in: folder, db: db)
+        #expect(first.status == 0 && first.stdout.contains("run 2 of startup"), "\(first.stdout)\(first.stderr)")
+        let again = try await hopctl(restart, in: folder, db: db)
+        #expect(again.status == 1, "a retried restart started over the run the first one made")
+        #expect(
+            again.stderr.contains(
+                "run 1 is already completed and run 2 (running) came after it; nothing was changed")
+                && again.stderr.contains("--run 2"), "\(again.stderr)")
+        #expect(try await runs() == ["1 completed", "2 running"])
+
+        let cancelOld = try await hopctl(["cancel", "--flow", "startup", "--run", "1"], in: folder, db: db)
+        #expect(cancelOld.status == 1 && cancelOld.stderr.contains("run 1 is already completed"), "\(cancelOld.stderr)")
+        let cancel = ["cancel", "--flow", "startup", "--run", "2"]
+        #expect(try await hopctl(cancel, in: folder, db: db).status == 0)
+        let cancelAgain = try await hopctl(cancel, in: folder, db: db)
+        #expect(
+            cancelAgain.status == 1 && cancelAgain.stderr.contains("run 2 is already cancelled; nothing was changed"),
+            "\(cancelAgain.stderr)")
+        #expect(try await runs() == ["1 completed", "2 cancelled"])
+
+        // A run of another flow or subject, or none, is not the run meant; 0 is no run id.
+        for id in ["99", "1"] {
+            let other = try await hopctl(
+                ["cancel", "--flow", "startup", "--subject", "kiosk", "--run", id], in: folder, db: db)
+            #expect(
+                other.status == 1
+                    && other.stderr.contains("run \(id) is not a run of flow 'startup' for subject 'kiosk'"),
+                "\(other.stderr)")
+        }
+        #expect(try await hopctl(["restart", "--flow", "startup", "--run", "0"], in: folder, db: db).status == 64)
+        #expect(try await runs() == ["1 completed", "2 cancelled"])
+        // The latest run, finished, is still the one a restart naming it starts over.
+        #expect(try await hopctl(["restart", "--flow", "startup", "--run", "2"], in: folder, db: db).status == 0)
+        #expect(try await runs() == ["1 completed", "2 cancelled", "3 running"])
+    }
+
     @Test(arguments: TestBackend.all) func sessionLoginMovesARunWaitingOnLoginAndNeverPrintsTheToken(
         backend: TestBackend
     ) async throws {

@@ -218,7 +218,7 @@ public actor HopEngine {
     /// cancelled and the run never advances again. History is kept.
     @discardableResult
     public func cancel(flow: String, subject: String = "default") async throws -> RunRecord {
-        let run = try await storage.cancelRun(flow: flow, subject: subject, reason: "cancelled")
+        let run = try await storage.cancelRun(flow: flow, subject: subject, runID: nil, reason: "cancelled")
         executing[run.id]?.cancel()
         logger.info("cancelled run", metadata: environment.metadata(run))
         return run
@@ -230,7 +230,7 @@ public actor HopEngine {
     public func restart(flow: String, subject: String = "default") async throws -> RunRecord {
         if let old = try await storage.latestRun(flow: flow, subject: subject) { executing[old.id]?.cancel() }
         let run = try await storage.restartRun(
-            flow: flow, subject: subject, version: environment.flow(named: flow)?.version)
+            flow: flow, subject: subject, runID: nil, version: environment.flow(named: flow)?.version)
         execute(run)
         return run
     }

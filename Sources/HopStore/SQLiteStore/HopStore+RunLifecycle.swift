@@ -77,14 +77,26 @@ extension HopStore {
         "SELECT flow_version FROM runs WHERE id = (SELECT max(id) FROM runs WHERE flow = ?1)"
 
     /// Cancels the unfinished run of `flow` for `subject`: it never advances again. History is kept.
-    /// - Throws: `.notFound` when the subject has no unfinished run of the flow.
+    ///
+    /// - Parameter runID: the run meant, so that a retried cancel changes nothing: refused unless
+    ///   it is the subject's unfinished run of the flow.
+    /// - Throws: `.notFound` when the subject has no unfinished run of the flow, or `runID` is
+    ///   no run of it; `.refused` when `runID` is not the unfinished one.
     @discardableResult
-    public func cancelRun(flow: String, subject: String, reason: String = "cancelled") async throws -> RunRecord {
+    public func cancelRun(
+        flow: String, subject: String, runID: Int64? = nil, reason: String = "cancelled"
+    ) async throws -> RunRecord {
         try validate(flow, as: "flow name")
         try validate(subject, as: "subject")
         let operation = "cancel \(flow) for \(subject)"
         return try await transaction(operation) { tx in
-            guard let run = try tx.unfinishedRun(flow: flow, subject: subject, operation: operation) else {
+            let unfinished = try tx.unfinishedRun(flow: flow, subject: subject, operation: operation)
+            if let runID {
+                try StorageRules(location: tx.path).checkNamedRun(
+                    runID, named: try tx.run(id: runID, operation: operation), current: unfinished, flow: flow,
+                    subject: subject, verb: "cancel", operation: operation)
+            }
+            guard let run = unfinished else {
                 throw tx.noUnfinishedRun(flow: flow, subject: subject, operation: operation)
             }
             try tx.append(runID: run.id, .cancel, step: run.currentStep, value: reason, operation: operation)
@@ -96,16 +108,26 @@ extension HopStore {
     /// Ends the latest run of `flow` for `subject` (cancelling it when unfinished) and creates a
     /// new run that starts from the beginning the next time an engine runs the flow.
     /// The old run's history is kept.
-    @discardableResult
     ///
-    /// - Parameter version: the new run's flow version; the old run's when `nil`.
-    public func restartRun(flow: String, subject: String, version: String? = nil) async throws -> RunRecord {
+    /// - Parameters:
+    ///   - runID: the run meant, so that a retried restart changes nothing: refused unless it is
+    ///     the subject's latest run of the flow.
+    ///   - version: the new run's flow version; the old run's when `nil`.
+    @discardableResult
+    public func restartRun(
+        flow: String, subject: String, runID: Int64? = nil, version: String? = nil
+    ) async throws -> RunRecord {
         try validate(flow, as: "flow name")
         try validate(subject, as: "subject")
         if let version { try validate(version, as: "flow version") }
         let operation = "restart \(flow) for \(subject)"
         return try await transaction(operation) { tx in
             let latest = try tx.requireLatestRun(flow: flow, subject: subject, operation: operation)
+            if let runID {
+                try StorageRules(location: tx.path).checkNamedRun(
+                    runID, named: runID == latest.id ? latest : try tx.run(id: runID, operation: operation),
+                    current: latest, flow: flow, subject: subject, verb: "restart", operation: operation)
+            }
             if latest.status.isUnfinished {
                 try tx.append(
                     runID: latest.id, .restart, step: latest.currentStep, value: "restarted", operation: operation)

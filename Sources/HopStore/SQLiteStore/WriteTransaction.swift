@@ -203,12 +203,14 @@ extension WriteTransaction {
         return latest
     }
 
+    func run(id runID: Int64, operation: String) throws -> RunRecord? {
+        try connection.queryOne(
+            "SELECT \(RunRecord.columns) FROM runs WHERE id = ?1", [.integer(runID)], operation: operation,
+            RunRecord.init(row:))
+    }
+
     func requireRun(_ runID: Int64, operation: String) throws -> RunRecord {
-        guard
-            let run = try connection.queryOne(
-                "SELECT \(RunRecord.columns) FROM runs WHERE id = ?1", [.integer(runID)], operation: operation,
-                RunRecord.init(row:))
-        else {
+        guard let run = try run(id: runID, operation: operation) else {
             throw refuse(.notFound, operation, "run \(runID) does not exist", hint: "List runs with `hopctl status`")
         }
         return run

@@ -59,9 +59,10 @@ package protocol HopStorage: Sendable {
     func startRun(
         flow: String, subject: String, version: String, owner: String?, until: Date?, durability: WriteDurability
     ) async throws -> (run: RunRecord, created: Bool)
-    /// Cancels the unfinished run of `flow` for `subject`; `.notFound` without one.
+    /// Cancels the unfinished run of `flow` for `subject`; `.notFound` without one. With
+    /// `runID`, refused unless that is the unfinished run (a retried cancel changes nothing).
     @discardableResult
-    func cancelRun(flow: String, subject: String, reason: String) async throws -> RunRecord
+    func cancelRun(flow: String, subject: String, runID: Int64?, reason: String) async throws -> RunRecord
     /// Records a new run of `flow` for `subject` that no engine holds, on `version` (the flow's
     /// newest run's when `nil`), for the first engine with that version to claim (`hopctl start`).
     /// Refused while the subject has an unfinished run of the flow, and for a flow with no run
@@ -72,9 +73,10 @@ package protocol HopStorage: Sendable {
     /// with `dryRun`, counts them and changes nothing.
     func prune(_ pruning: Pruning, dryRun: Bool) async throws -> PruneReport
     /// Ends the latest run of `flow` for `subject` and creates a new one that starts over, on
-    /// `version` (the old run's when `nil`).
+    /// `version` (the old run's when `nil`). With `runID`, refused unless that is the latest run
+    /// (a retried restart changes nothing).
     @discardableResult
-    func restartRun(flow: String, subject: String, version: String?) async throws -> RunRecord
+    func restartRun(flow: String, subject: String, runID: Int64?, version: String?) async throws -> RunRecord
     /// Starts a new run that takes the history of run `runID` (the latest when `nil`) through
     /// entry `seq` as done, on `version` (the old run's when `nil`); see `HopStore.forkRun`.
     func forkRun(

@@ -43,6 +43,30 @@ package struct StorageRules: Sendable {
         }
     }
 
+    /// Checks that run `runID`, which a cancel or a restart names so that a retried command
+    /// changes nothing, is still the run it acts on: `current`, the subject's unfinished run of
+    /// the flow (a cancel) or its latest run (a restart). `named` is run `runID` as stored.
+    package func checkNamedRun(
+        _ runID: Int64, named: RunRecord?, current: RunRecord?, flow: String, subject: String, verb: String,
+        operation: String
+    ) throws {
+        guard let named, named.flow == flow, named.subject == subject else {
+            throw refuse(
+                .notFound, operation,
+                "run \(runID) is not a run of flow '\(flow)' for subject '\(subject)'; nothing was changed",
+                hint: "Check the run id with `hopctl status --flow \(flow) --subject \(subject)`")
+        }
+        guard let current, current.id == runID else {
+            let state = named.status.isUnfinished ? "not the subject's latest run" : "already \(named.status.rawValue)"
+            let after = current.map { " and run \($0.id) (\($0.status.rawValue)) came after it" } ?? ""
+            throw refuse(
+                .refused, operation,
+                "run \(runID) is \(state)\(after); nothing was changed (a retried command changes nothing)",
+                hint: current.map { "To \(verb) run \($0.id), name it: --run \($0.id)" }
+                    ?? "Check `hopctl status --flow \(flow) --subject \(subject)`")
+        }
+    }
+
     /// The token of the step of `run` that `hopctl unhop` may finish by hand, or why it may not:
     /// the run must be parked on `step`, and `step` must not be one a stored session finishes.
     package func tokenToUnhop(_ run: RunRecord, step: String, operation: String) throws -> String {

@@ -13,6 +13,22 @@ struct RunSelection: ParsableArguments {
     func validate() throws { try checkIdentifier(flow, as: "flow name") }
 }
 
+/// `--run ID` of a steering command: the run it is meant for, so that a retry changes nothing.
+struct NamedRunOption: ParsableArguments {
+    @Option(
+        parsing: .unconditional,
+        help: ArgumentHelp(
+            "The run meant (see `hopctl status`): refused, changing nothing, when it is no longer the one the command acts on.",
+            valueName: "id"))
+    var run: Int64?
+
+    func validate() throws {
+        if let run, run < 1 {
+            throw ValidationError("--run is out of range: run ids are 1 or more (see `hopctl status`)")
+        }
+    }
+}
+
 struct Unhop: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "unhop",
@@ -56,15 +72,20 @@ struct Unhop: AsyncParsableCommand {
 struct Cancel: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "cancel",
-        abstract: "Cancel the run: it never advances again. Its history is kept.")
+        abstract: "Cancel the run: it never advances again. Its history is kept.",
+        discussion: """
+            The subject's unfinished run of the flow; with --run, only that run: a retried command \
+            (or one meant for a run that ended meanwhile) changes nothing and says where the flow is.
+            """)
 
     @OptionGroup var global: GlobalOptions
     @OptionGroup var selection: RunSelection
+    @OptionGroup var named: NamedRunOption
 
     func run() async throws {
         let store = try await global.openForWriting()
         let run = try await store.cancelRun(
-            flow: selection.flow, subject: selection.subject, reason: "cancelled by hopctl")
+            flow: selection.flow, subject: selection.subject, runID: named.run, reason: "cancelled by hopctl")
         Output.line("cancelled run \(run.id) (\(Output.printable(run.flow)) for \(Output.printable(run.subject)))")
     }
 }
@@ -73,15 +94,22 @@ struct Restart: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "restart",
         abstract:
-            "Start the flow over: a new run begins from the first step the next time the daemon runs it. The old run's history is kept."
+            "Start the flow over: a new run begins from the first step the next time the daemon runs it. The old run's history is kept.",
+        discussion: """
+            Ends the subject's latest run of the flow (cancels it when unfinished); with --run, only \
+            when that run is still the latest: a retried command never starts over the run the \
+            first one made, and changes nothing.
+            """
     )
 
     @OptionGroup var global: GlobalOptions
     @OptionGroup var selection: RunSelection
+    @OptionGroup var named: NamedRunOption
 
     func run() async throws {
         let store = try await global.openForWriting()
-        let run = try await store.restartRun(flow: selection.flow, subject: selection.subject, version: nil)
+        let run = try await store.restartRun(
+            flow: selection.flow, subject: selection.subject, runID: named.run, version: nil)
         Output.line(
             "run \(run.id) of \(Output.printable(run.flow)) for \(Output.printable(run.subject)) starts from the beginning; earlier runs are kept"
         )
