@@ -29,8 +29,12 @@ struct DemoService: Service {
     let auto: Bool
     /// How the run ended, once it has.
     let outcome: Outcome
+    /// Yields once what the flow waits for has begun (the metrics server listens).
+    let startWhen: AsyncStream<Void>
 
     func run() async throws {
+        // A group shut down before (the metrics server could not listen): no run is begun.
+        guard await startWhen.cancelOnGracefulShutdown().first(where: { true }) != nil else { return }
         let existing = try await store.latestRun(flow: "startup", subject: subject)
         var past: Int64 = 0
         if let existing, existing.status.isUnfinished {

@@ -39,6 +39,7 @@ struct HopDemo: AsyncParsableCommand {
     var flowVersion = "1"
 
     @Option(
+        parsing: .unconditional,
         help: ArgumentHelp(
             "Serve the engine's metrics in Prometheus' text format at http://127.0.0.1:<port>/metrics "
                 + "(loopback only; 0: any free port, printed at start).",
@@ -55,6 +56,9 @@ struct HopDemo: AsyncParsableCommand {
     }
 
     func run() async throws {
+        // A daemon whose output closes goes on without it (systemd ignores SIGPIPE for its
+        // services too): the narration's writes fail and are dropped.
+        signal(SIGPIPE, SIG_IGN)
         let level: Logger.Level = verbose ? .info : .warning
         LoggingSystem.bootstrap { label in
             var handler = StreamLogHandler.standardError(label: label)
@@ -69,11 +73,15 @@ struct HopDemo: AsyncParsableCommand {
         narrator.say("hop-demo: database \(shown)")
 
         // Bootstrapped before the engine exists: the engine's metrics go to the process's MetricsSystem.
+        // The flow starts once the server listens: a port in use stops the daemon before it.
+        let (listening, listened) = AsyncStream.makeStream(of: Void.self)
         let metrics = metricsPort.map { port in
             MetricsEndpoint.bootstrap(port: port, logger: logger) { bound in
                 narrator.say("hop-demo: metrics at http://127.0.0.1:\(bound)/metrics")
+                listened.yield()
             }
         }
+        if metrics == nil { listened.yield() }
         let (events, continuation) = AsyncStream.makeStream(of: DemoService.Event.self)
         let systemd = SystemdNotifier()
         let store = try await HopDatabase.open(path, logger: logger)
@@ -93,8 +101,7 @@ struct HopDemo: AsyncParsableCommand {
         let outcome = Outcome()
         let demo = DemoService(
             engine: engine, store: store, events: events, ticks: continuation, narrator: narrator, subject: subject,
-            auto: auto,
-            outcome: outcome)
+            auto: auto, outcome: outcome, startWhen: listening)
         let group = ServiceGroup(
             configuration: ServiceGroupConfiguration(
                 // Shut down in reverse order: the demo, the engine, then the metrics server.

@@ -17,11 +17,18 @@ final class Narrator: Sendable {
     }
 
     func say(_ text: String) {
-        FileHandle.standardOutput.write(Data("[\(elapsed)] \(text)\n".utf8))
+        print("[\(elapsed)] \(text)\n")
     }
 
     func note(_ text: String) {
-        FileHandle.standardOutput.write(Data("          \(text)\n".utf8))
+        print("          \(text)\n")
+    }
+
+    /// Writes `line` to standard output; a line that cannot be written (the output closed: a
+    /// journal restarted, a pipe's reader gone) is dropped, and the daemon goes on without it.
+    /// (`FileHandle.write(_:)` stops the process on such an error.)
+    private func print(_ line: String) {
+        try? FileHandle.standardOutput.write(contentsOf: Data(line.utf8))
     }
 
     /// A committed history entry, as a line for people.

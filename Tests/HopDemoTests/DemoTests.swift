@@ -34,6 +34,26 @@ import Testing
         #expect(!fourth.stdout.contains("-> onboarding") && fourth.stdout.contains("hop    -> login"))
     }
 
+    /// Its standard output closed (a journal restarted, a pipe's reader gone), the daemon goes on
+    /// without its narration, whether SIGPIPE is ignored (as systemd does) or not, with and
+    /// without the metrics server.
+    @Test(arguments: [(false, false), (true, false), (false, true)])
+    func aDaemonWhoseStandardOutputClosesFinishesItsRun(ignoreSIGPIPE: Bool, metrics: Bool) async throws {
+        let folder = try TemporaryDirectory()
+        let demo =
+            [builtProduct("hop-demo"), "--auto", "--db", folder.database] + (metrics ? ["--metrics-port", "0"] : [])
+        // The reader takes the first byte and goes; every later line meets a closed pipe.
+        let script =
+            (ignoreSIGPIPE ? "trap '' PIPE; " : "")
+            + "\(demo.map { "'\($0)'" }.joined(separator: " ")) 2>\(folder.path("stderr")) | head -c 1 >/dev/null; "
+            + "echo \"demo ${PIPESTATUS[0]}\""
+        let result = try await run("/bin/bash", ["-c", script], in: folder)
+        let stderr = (try? String(contentsOfFile: folder.path("stderr"), encoding: .utf8)) ?? ""
+        #expect(result.stdout.contains("demo 0"), "\(result.stdout)\(stderr)")
+        let store = try await HopStore.open(path: folder.database)
+        #expect(try await store.latestRun(flow: "startup", subject: "default")?.status == .completed, "\(stderr)")
+    }
+
     @Test func killedWhileWaitingOnOnboardingItResumesThereWithoutShowingSplashAgain() async throws {
         let folder = try TemporaryDirectory()
         let first = try ChildProcess("hop-demo", ["--db", folder.database], directory: folder)

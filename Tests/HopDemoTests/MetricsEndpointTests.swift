@@ -1,4 +1,5 @@
 import Foundation
+import HopStore
 import HopTestSupport
 import Testing
 
@@ -87,9 +88,14 @@ import FoundationNetworking
         #expect(second.status == 1)
         #expect(second.stderr.contains("cannot serve metrics on 127.0.0.1:\(port)"), "\(second.stderr)")
         #expect(second.stderr.contains("Pick another --metrics-port"))
+        // Refused before the flow starts: no run begun and left behind.
+        #expect(!second.stdout.contains("started"), "\(second.stdout)")
+        #expect(try await HopStore.open(path: other.database).latestRun(flow: "startup", subject: "default") == nil)
 
-        let outOfRange = try await run("hop-demo", ["--db", other.database, "--metrics-port", "70000"], in: other)
-        #expect(outOfRange.status == 64)
-        #expect(outOfRange.stderr.contains("--metrics-port is a TCP port"))
+        for port in ["70000", "-1"] {
+            let outOfRange = try await run("hop-demo", ["--db", other.database, "--metrics-port", port], in: other)
+            #expect(outOfRange.status == 64)
+            #expect(outOfRange.stderr.contains("--metrics-port is a TCP port"), "\(outOfRange.stderr)")
+        }
     }
 }
