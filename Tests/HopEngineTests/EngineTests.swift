@@ -289,6 +289,45 @@ import Testing
     }
 }
 
+/// Settings that cannot work are taken as the nearest that can, each said once: a poll interval
+/// or a lease of zero had the watch or the renewals loop without pause, and no place for a run
+/// left every run waiting for ever.
+@Suite struct ConfigurationTests {
+    @Test func aConfigurationThatCannotWorkIsAdjustedAndSaid() async throws {
+        let folder = try TemporaryDirectory()
+        let logs = InMemoryLogHandler.keepingEverything()
+        let store = try await HopStore.open(path: folder.database)
+        let storage = FaultyStorage(store)
+        let engine = HopEngine(
+            storage: storage, logger: logs.logger(label: "test"),
+            configuration: .init(pollInterval: .zero, leaseDuration: .zero, maxConcurrentRuns: 0))
+        registerInstantStartup(on: engine)
+        let warnings = logs.texts(atLeast: .warning)
+        for setting in ["pollInterval", "leaseDuration", "maxConcurrentRuns"] {
+            #expect(warnings.contains { $0.contains("configuration: \(setting)") }, "\(warnings)")
+        }
+        let service = Task { try await engine.run() }
+        defer { service.cancel() }
+        let run = try await engine.start("startup")
+        try await waitUntil("the run completes", timeout: .seconds(30)) {
+            try await store.run(id: run.id)?.status == .completed
+        }
+
+        // 20 polls take at least 19 of the shortest interval (a loaded machine only takes longer).
+        func count(_ call: String) -> Int { storage.trace.components(separatedBy: call).count - 1 }
+        let began = ContinuousClock.now
+        let polls = count("changeVersion()")
+        let renewals = count("renewLeases(")
+        try await waitUntil("the watch polls 20 times more", timeout: .seconds(60)) {
+            count("changeVersion()") >= polls + 20
+        }
+        let took = ContinuousClock.now - began
+        #expect(took >= HopEngine.Configuration.shortestPollInterval * 19, "20 polls in \(took)")
+        let renewed = count("renewLeases(") - renewals
+        #expect(Double(renewed) <= took / HopEngine.Configuration.shortestLeaseDuration * 3 + 2, "\(renewed) renewals")
+    }
+}
+
 struct CacheError: Error, CustomStringConvertible {
     var description: String { "the cache is unreadable" }
 }

@@ -1,4 +1,5 @@
 import CoreMetrics
+import Logging
 import Tracing
 
 extension HopEngine {
@@ -6,9 +7,11 @@ extension HopEngine {
     public struct Configuration: Sendable {
         /// How often the engine checks the database for changes made by other processes
         /// (an unhop, a cancellation, a logout by `hopctl`) and for steps whose deadline passed.
+        /// At least ``shortestPollInterval``: a shorter one is taken as that, with a warning.
         public var pollInterval: Duration = .milliseconds(50)
         /// How long a lease on a run lasts. The engine renews its leases three times per
         /// period; when its process dies, another engine takes its runs over once they expire.
+        /// At least ``shortestLeaseDuration``: a shorter one is taken as that, with a warning.
         public var leaseDuration: Duration = .seconds(10)
         /// Called with each ``EngineEvent``.
         public var observer: (@Sendable (EngineEvent) -> Void)?
@@ -27,7 +30,8 @@ extension HopEngine {
         /// step's memory) while it executes. Runs asked to execute beyond it wait their turn,
         /// oldest first; a resume claims only as many runs as there are free places, leaving
         /// the rest in the database (for this engine later, or another engine now). Runs parked
-        /// on an external step hold no place.
+        /// on an external step hold no place. At least 1: a smaller number is taken as 1, with a
+        /// warning.
         public var maxConcurrentRuns = 10_000
         /// Removes finished runs and their history periodically while the engine runs (as
         /// `hopctl prune` does); `nil`, the default, keeps every run.
@@ -51,6 +55,41 @@ extension HopEngine {
             self.metricsFactory = metricsFactory
             self.engineID = engineID
         }
+    }
+}
+
+extension HopEngine.Configuration {
+    /// The shortest ``pollInterval`` an engine keeps: a shorter one (zero, say) would have the
+    /// watch poll without pause, a core busy for nothing; it is taken as this.
+    public static let shortestPollInterval = Duration.milliseconds(5)
+    /// The shortest ``leaseDuration`` an engine keeps: a shorter one would have its leases
+    /// expire before it renews them (other engines taking over runs it still executes) and its
+    /// renewals run without pause; it is taken as this.
+    public static let shortestLeaseDuration = Duration.seconds(1)
+
+    /// This configuration with each setting that cannot work taken as the nearest that can,
+    /// and a warning logged for each: ``pollInterval`` and ``leaseDuration`` at least their
+    /// shortest, ``maxConcurrentRuns`` at least 1 (with none, no run would ever execute).
+    func adjusted(logger: Logger) -> Self {
+        var adjusted = self
+        func warn(_ setting: String, _ given: String, _ used: String) {
+            logger.warning(
+                "configuration: \(setting) \(given) cannot work; \(used) is used",
+                metadata: ["hop.setting": "\(setting)"])
+        }
+        if pollInterval < Self.shortestPollInterval {
+            adjusted.pollInterval = Self.shortestPollInterval
+            warn("pollInterval", "\(pollInterval)", "\(Self.shortestPollInterval), the shortest")
+        }
+        if leaseDuration < Self.shortestLeaseDuration {
+            adjusted.leaseDuration = Self.shortestLeaseDuration
+            warn("leaseDuration", "\(leaseDuration)", "\(Self.shortestLeaseDuration), the shortest")
+        }
+        if maxConcurrentRuns < 1 {
+            adjusted.maxConcurrentRuns = 1
+            warn("maxConcurrentRuns", "\(maxConcurrentRuns)", "1")
+        }
+        return adjusted
     }
 }
 

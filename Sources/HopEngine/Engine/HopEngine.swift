@@ -75,6 +75,7 @@ public actor HopEngine {
 
     /// An engine over any storage.
     package init(storage: any HopStorage, logger: Logger, configuration: Configuration = Configuration()) {
+        let configuration = configuration.adjusted(logger: logger)
         let incarnation = storage.makeIncarnation(
             label: configuration.engineID ?? "\(ProcessInfo.processInfo.hostName):\(getpid())")
         environment = ExecutionEnvironment(
