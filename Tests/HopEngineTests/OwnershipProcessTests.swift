@@ -230,7 +230,7 @@ import Testing
     /// in the PostgreSQL database of the test whose folder is `folder`.
     static func freeze(pid: pid_t, withoutALockOnRun1In folder: TemporaryDirectory) async throws {
         try await waitUntil("the process is frozen without a lock on run 1", timeout: .seconds(30)) {
-            kill(pid, SIGSTOP)
+            try await stopEveryThread(of: pid)
             do {
                 try await TestDatabases.shared.psql("SELECT id FROM runs WHERE id = 1 FOR UPDATE NOWAIT", in: folder)
                 return true
