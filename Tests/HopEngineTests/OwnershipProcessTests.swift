@@ -90,7 +90,13 @@ import Testing
         let held = try #require(try await store.run(id: 1))
         let expiry = try #require(
             held.leaseExpiresAt, "A held the run until the freeze: A: \(owner.stdout) B: \(other.stdout)")
-        try await other.waitForOutput("parked onboarding", timeout: .seconds(30))
+        do {
+            try await other.waitForOutput("parked onboarding", timeout: .seconds(30))
+        } catch {
+            let lock =
+                backend.name == TestBackend.postgres.name ? "" : " write lock free: \(writeLockIsFree(folder.database))"
+            throw TestFailure("\(error);\(lock)\nA: \(owner.stdout)\(owner.stderr)\nB: \(other.stdout)\(other.stderr)")
+        }
         let history = try await store.history(runID: 1)
         let takeover = try #require(history.first { $0.kind == .takeover })
         #expect(takeover.at >= expiry, "taken over \(expiry.timeIntervalSince(takeover.at)) s before the lease expired")
