@@ -43,6 +43,62 @@ import Testing
         }
     }
 
+    /// A restart the database refuses changes nothing: the old run's step in flight goes on.
+    /// Before, the engine cancelled that step before it asked the database, so the step was
+    /// cancelled, its run let go, and the step entered again by the next look.
+    @Test(arguments: TestBackend.all)
+    func aRestartTheDatabaseRefusesLeavesTheStepInFlightRunning(backend: TestBackend) async throws {
+        let folder = try TemporaryDirectory()
+        let storage = FaultyStorage(try await backend.open(folder))
+        let engine = try await startupEngine(folder, storage: storage)
+        let gate = Gate()
+        let entered = Atomic(0)
+        let cancelled = Atomic(false)
+        engine.register(step: "splash") { _ in
+            entered.add(1, ordering: .relaxed)
+            await gate.wait()
+            if Task.isCancelled { cancelled.store(true, ordering: .relaxed) }
+        }
+        let run = try await engine.start("startup")
+        try await HopStoreTestSupport.waitUntil("splash is entered", timeout: .seconds(30)) {
+            entered.load(ordering: .relaxed) == 1
+        }
+
+        storage.fail("restartRun(flow:subject:runID:version:)")
+        await #expect(throws: HopError.self) { try await engine.restart(flow: "startup") }
+        #expect(storage.pendingFaults("restartRun(flow:subject:runID:version:)") == 0, "the restart did not write")
+        gate.open()
+        #expect(try await engine.settled(runID: run.id)?.currentStep == "onboarding", "\(storage.trace)")
+        let (times, wasCancelled) = (entered.load(ordering: .relaxed), cancelled.load(ordering: .relaxed))
+        #expect(times == 1 && !wasCancelled, "splash entered \(times) times, cancelled: \(wasCancelled)")
+    }
+
+    /// Written, a restart cancels the old run's step in flight and starts the new run.
+    @Test func aRestartCancelsTheOldRunsStepInFlight() async throws {
+        let folder = try TemporaryDirectory()
+        let engine = try await startupEngine(folder)
+        let gate = Gate()
+        let calls = Atomic(0)
+        let cancelled = Atomic(false)
+        engine.register(step: "splash") { _ in
+            guard calls.add(1, ordering: .relaxed).newValue == 1 else { return }  // the new run's splash
+            await gate.wait()
+            if Task.isCancelled { cancelled.store(true, ordering: .relaxed) }
+        }
+        let old = try await engine.start("startup")
+        try await HopStoreTestSupport.waitUntil("splash is entered", timeout: .seconds(30)) {
+            calls.load(ordering: .relaxed) == 1
+        }
+        let new = try await engine.restart(flow: "startup")
+        #expect(new.id > old.id)
+        gate.open()
+        try await HopStoreTestSupport.waitUntil("the old run's step sees it was cancelled", timeout: .seconds(30)) {
+            cancelled.load(ordering: .relaxed)
+        }
+        #expect(try await engine.settled(runID: new.id)?.currentStep == "onboarding")
+        #expect(try await engine.storage.run(id: old.id)?.status == .cancelled)
+    }
+
     /// The same for one run, claimed by its own execution (a start that finds the subject's run
     /// unfinished): the execution stops, and its run goes back at once.
     @Test(arguments: TestBackend.all)

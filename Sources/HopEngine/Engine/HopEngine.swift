@@ -229,9 +229,13 @@ public actor HopEngine {
     /// the newest registered version (the old run's version when none is registered here).
     @discardableResult
     public func restart(flow: String, subject: String = "default") async throws -> RunRecord {
-        if let old = try await storage.latestRun(flow: flow, subject: subject) { executing[old.id]?.cancel() }
+        let old = try await storage.latestRun(flow: flow, subject: subject)
         let run = try await storage.restartRun(
             flow: flow, subject: subject, runID: nil, version: environment.flow(named: flow)?.version)
+        // The old run's step in flight is cancelled once the restart is written, not before: a
+        // restart the database refused leaves it running. (Its writes meanwhile are refused:
+        // the run has ended.)
+        if let old { executing[old.id]?.cancel() }
         execute(run)
         return run
     }
