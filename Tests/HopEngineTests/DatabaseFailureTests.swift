@@ -97,6 +97,13 @@ import Testing
         }
         #expect(try await engine.settled(runID: new.id)?.currentStep == "onboarding")
         #expect(try await engine.storage.run(id: old.id)?.status == .cancelled)
+
+        // Named, a retried restart or cancel changes nothing.
+        await #expect(throws: HopError.self) { try await engine.restart(flow: "startup", run: old.id) }
+        #expect(try await engine.cancel(flow: "startup", run: new.id).status == .cancelled)
+        await #expect(throws: HopError.self) { try await engine.cancel(flow: "startup", run: new.id) }
+        #expect(try await engine.storage.run(id: new.id)?.status == .cancelled)
+        #expect(try await engine.storage.latestRun(flow: "startup", subject: "default")?.id == new.id)
     }
 
     /// The same for one run, claimed by its own execution (a start that finds the subject's run

@@ -217,9 +217,12 @@ public actor HopEngine {
 
     /// Cancels the unfinished run of `flow` for `subject`: its in-flight step's task is
     /// cancelled and the run never advances again. History is kept.
+    ///
+    /// - Parameter runID: the run meant, so that a retried call changes nothing: refused
+    ///   (`.refused`) unless it is the subject's unfinished run of the flow.
     @discardableResult
-    public func cancel(flow: String, subject: String = "default") async throws -> RunRecord {
-        let run = try await storage.cancelRun(flow: flow, subject: subject, runID: nil, reason: "cancelled")
+    public func cancel(flow: String, subject: String = "default", run runID: Int64? = nil) async throws -> RunRecord {
+        let run = try await storage.cancelRun(flow: flow, subject: subject, runID: runID, reason: "cancelled")
         executing[run.id]?.cancel()
         logger.info("cancelled run", metadata: environment.metadata(run))
         return run
@@ -227,15 +230,19 @@ public actor HopEngine {
 
     /// Ends the latest run of `flow` for `subject` and starts the flow over in a new run, on
     /// the newest registered version (the old run's version when none is registered here).
+    ///
+    /// - Parameter runID: the run meant, so that a retried call never starts over the run the
+    ///   first one made: refused (`.refused`) unless it is the subject's latest run of the flow.
     @discardableResult
-    public func restart(flow: String, subject: String = "default") async throws -> RunRecord {
-        let old = try await storage.latestRun(flow: flow, subject: subject)
+    public func restart(flow: String, subject: String = "default", run runID: Int64? = nil) async throws -> RunRecord {
+        var old = runID
+        if old == nil { old = try await storage.latestRun(flow: flow, subject: subject)?.id }
         let run = try await storage.restartRun(
-            flow: flow, subject: subject, runID: nil, version: environment.flow(named: flow)?.version)
+            flow: flow, subject: subject, runID: runID, version: environment.flow(named: flow)?.version)
         // The old run's step in flight is cancelled once the restart is written, not before: a
         // restart the database refused leaves it running. (Its writes meanwhile are refused:
         // the run has ended.)
-        if let old { executing[old.id]?.cancel() }
+        if let old { executing[old]?.cancel() }
         execute(run)
         return run
     }
