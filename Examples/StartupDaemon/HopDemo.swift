@@ -47,6 +47,12 @@ struct HopDemo: AsyncParsableCommand {
     var metricsPort: Int?
 
     func validate() throws {
+        // Refused before the database is opened (or created): bad input changes nothing.
+        do {
+            try Identifier.validate(subject, as: "subject")
+        } catch let error as HopError {
+            throw ValidationError("--subject: \(error.reason). \(error.hint ?? "")")
+        }
         guard ["1", "2"].contains(flowVersion) else {
             throw ValidationError("--flow-version is 1 or 2 (2: a terms step follows onboarding)")
         }

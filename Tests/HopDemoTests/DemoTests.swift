@@ -54,6 +54,18 @@ import Testing
         #expect(try await store.latestRun(flow: "startup", subject: "default")?.status == .completed, "\(stderr)")
     }
 
+    /// A subject that is no name is a usage error, refused before the database is created.
+    @Test func aSubjectThatIsNoNameIsRefusedBeforeTheDatabaseIsCreated() async throws {
+        let folder = try TemporaryDirectory()
+        for subject in ["", "a\u{202E}b"] {
+            let bad = try await run("hop-demo", ["--db", folder.database, "--subject", subject], in: folder)
+            #expect(
+                bad.status == 64 && bad.stderr.contains("--subject: the subject is not a valid identifier"),
+                "\(bad.stderr)")
+        }
+        #expect(!FileManager.default.fileExists(atPath: folder.database), "a refused command created the database")
+    }
+
     @Test func killedWhileWaitingOnOnboardingItResumesThereWithoutShowingSplashAgain() async throws {
         let folder = try TemporaryDirectory()
         let first = try ChildProcess("hop-demo", ["--db", folder.database], directory: folder)
