@@ -17,17 +17,17 @@ final class Narrator: Sendable {
     }
 
     func say(_ text: String) {
-        print("[\(elapsed)] \(text)\n")
+        write("[\(elapsed)] \(text)\n")
     }
 
     func note(_ text: String) {
-        print("          \(text)\n")
+        write("          \(text)\n")
     }
 
     /// Writes `line` to standard output; a line that cannot be written (the output closed: a
     /// journal restarted, a pipe's reader gone) is dropped, and the daemon goes on without it.
     /// (`FileHandle.write(_:)` stops the process on such an error.)
-    private func print(_ line: String) {
+    private func write(_ line: String) {
         try? FileHandle.standardOutput.write(contentsOf: Data(line.utf8))
     }
 
