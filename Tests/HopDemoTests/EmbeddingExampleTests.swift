@@ -24,6 +24,20 @@ import Testing
         )
     }
 
+    /// A daemon that embeds HopEngine on SQLite builds none of SwiftNIO, PostgreSQL's client or the
+    /// HTTP server (only HopPostgres and the demo's metrics endpoint do); hopctl neither (it hands
+    /// a server's database to hopctl-postgres). Their code would be in the binaries' symbols.
+    @Test(arguments: ["hop-minimal-daemon", "hopctl"])
+    func aSQLiteOnlyBinaryLinksNoNetworkingOrPostgreSQL(product: String) throws {
+        let binary = try Data(contentsOf: URL(fileURLWithPath: builtProduct(product)))
+        for module in ["NIOCore", "NIOPosix", "PostgresNIO", "Hummingbird", "HopPostgres"] {
+            #expect(binary.range(of: Data(module.utf8)) == nil, "\(product) links \(module)")
+        }
+        // The check finds such code where it is linked.
+        let demo = try Data(contentsOf: URL(fileURLWithPath: builtProduct("hop-demo")))
+        #expect(demo.range(of: Data("NIOCore".utf8)) != nil)
+    }
+
     @Test func theExampleDaemonRunsTheFlowIsReroutedByLogoutAndStopsOnSigterm() async throws {
         let folder = try TemporaryDirectory()
         let environment = ["HOP_DB": folder.database]
