@@ -218,8 +218,11 @@ public actor HopEngine {
     /// Cancels the unfinished run of `flow` for `subject`: its in-flight step's task is
     /// cancelled and the run never advances again. History is kept.
     ///
-    /// - Parameter runID: the run meant, so that a retried call changes nothing: refused
-    ///   (`.refused`) unless it is the subject's unfinished run of the flow.
+    /// - Parameters:
+    ///   - flow: the flow's name.
+    ///   - subject: whom the run is for.
+    ///   - runID: the run meant, so that a retried call changes nothing: refused (`.refused`)
+    ///     unless it is the subject's unfinished run of the flow.
     @discardableResult
     public func cancel(flow: String, subject: String = "default", run runID: Int64? = nil) async throws -> RunRecord {
         let run = try await storage.cancelRun(flow: flow, subject: subject, runID: runID, reason: "cancelled")
@@ -231,8 +234,11 @@ public actor HopEngine {
     /// Ends the latest run of `flow` for `subject` and starts the flow over in a new run, on
     /// the newest registered version (the old run's version when none is registered here).
     ///
-    /// - Parameter runID: the run meant, so that a retried call never starts over the run the
-    ///   first one made: refused (`.refused`) unless it is the subject's latest run of the flow.
+    /// - Parameters:
+    ///   - flow: the flow's name.
+    ///   - subject: whom the run is for.
+    ///   - runID: the run meant, so that a retried call never starts over the run the first one
+    ///     made: refused (`.refused`) unless it is the subject's latest run of the flow.
     @discardableResult
     public func restart(flow: String, subject: String = "default", run runID: Int64? = nil) async throws -> RunRecord {
         var old = runID
