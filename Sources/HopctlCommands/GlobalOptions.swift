@@ -151,6 +151,13 @@ func checkIdentifier(_ value: String, as what: String) throws {
     }
 }
 
+/// Turns a `--run` id that no run can have into a usage error (exit 64).
+func checkRunID(_ run: Int64?) throws {
+    if let run, run < 1 {
+        throw ValidationError("--run is out of range: run ids are 1 or more (see `hopctl status`)")
+    }
+}
+
 /// The databases a command opened: a file path opens a SQLite ``HopStore``; a `postgres://` URL
 /// a server's database, through the opener the `hopctl-postgres` executable registers (`hopctl`
 /// itself hands such a command line to it: see ``PostgresHandOff``), closed before hopctl exits.

@@ -40,9 +40,7 @@ struct Fork: AsyncParsableCommand {
 
     func validate() throws {
         if through < 1 { throw ValidationError("--from is out of range: history entries are 1 or more") }
-        if let run, run < 1 {
-            throw ValidationError("--run is out of range: run ids are 1 or more (see `hopctl status`)")
-        }
+        try checkRunID(run)
         try formerSpelling.check(besides: flowVersion)
         if let version { try checkIdentifier(version, as: "flow version") }
     }

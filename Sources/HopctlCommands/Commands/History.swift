@@ -60,9 +60,7 @@ struct HistoryRequest: Equatable {
         try checkIdentifier(flow, as: "flow name")
         try checkIdentifier(subject, as: "subject")
         if let limit, limit < 1 { throw ValidationError("--limit is out of range: give 1 or more entries") }
-        if let run, run < 1 {
-            throw ValidationError("--run is out of range: run ids are 1 or more (see `hopctl status`)")
-        }
+        try checkRunID(run)
         if allRuns, run != nil || limit != nil || subject != SubjectOption.defaultSubject {
             throw ValidationError("--all-runs takes every run of the flow: give it without --run, --subject or --limit")
         }

@@ -22,11 +22,7 @@ struct NamedRunOption: ParsableArguments {
             valueName: "id"))
     var run: Int64?
 
-    func validate() throws {
-        if let run, run < 1 {
-            throw ValidationError("--run is out of range: run ids are 1 or more (see `hopctl status`)")
-        }
-    }
+    func validate() throws { try checkRunID(run) }
 }
 
 struct Unhop: AsyncParsableCommand {
