@@ -65,8 +65,8 @@ extension PostgresStore: HopStorage {
             let unfinished = try await tx.unfinishedRun(flow: flow, subject: subject)
             if let runID {
                 try StorageRules(location: tx.location).checkNamedRun(
-                    runID, named: try await tx.run(id: runID), current: unfinished, flow: flow, subject: subject,
-                    verb: "cancel", operation: operation)
+                    runID, named: unfinished?.id == runID ? unfinished : try await tx.run(id: runID),
+                    current: unfinished, flow: flow, subject: subject, verb: "cancel", operation: operation)
             }
             guard let run = unfinished else {
                 throw tx.noUnfinishedRun(flow: flow, subject: subject, operation: operation)

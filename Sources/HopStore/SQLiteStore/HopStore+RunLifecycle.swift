@@ -93,8 +93,8 @@ extension HopStore {
             let unfinished = try tx.unfinishedRun(flow: flow, subject: subject, operation: operation)
             if let runID {
                 try StorageRules(location: tx.path).checkNamedRun(
-                    runID, named: try tx.run(id: runID, operation: operation), current: unfinished, flow: flow,
-                    subject: subject, verb: "cancel", operation: operation)
+                    runID, named: unfinished?.id == runID ? unfinished : try tx.run(id: runID, operation: operation),
+                    current: unfinished, flow: flow, subject: subject, verb: "cancel", operation: operation)
             }
             guard let run = unfinished else {
                 throw tx.noUnfinishedRun(flow: flow, subject: subject, operation: operation)
