@@ -17,6 +17,18 @@ extension PostgresStore: HopAdministration {
         LatestRuns.sql(flow: flow, subject: subject, status: status, marker: "$", runColumns: RunRecord.pgColumns)
     }
 
+    package func stepEntries(runIDs: [Int64]) async throws -> [Int64: Int64] {
+        guard !runIDs.isEmpty else { return [:] }
+        // The statement of HopStore's `stepEntries(runIDs:)`.
+        let rows = try await read(
+            """
+            SELECT h.run_id, h.seq FROM runs r JOIN history h ON h.run_id = r.id AND h.token = r.current_token
+            WHERE r.id = ANY($1) AND h.kind = 'hop'
+            """, [.ints(runIDs)], operation: "read the entries of steps in flight"
+        ) { (try $0.int64(0), try $0.int64(1)) }
+        return Dictionary(rows, uniquingKeysWith: { first, _ in first })
+    }
+
     package func flowNames() async throws -> [String] {
         // One search of an index by flow per flow, not every entry of it (the SQLite statement).
         try await read(HopStore.flowNamesSQL, operation: "list flows") { try $0.text(0) }

@@ -287,18 +287,47 @@ extension PostgresStore: HopStorage {
     }
 
     package func unhopParked(
-        flow: String, subject: String, step: String, output: String?
+        flow: String, subject: String, step: String, runID: Int64?, entry: Int64?, output: String?
     ) async throws -> (run: RunRecord, unhop: HistoryEntry) {
         try validate(flow, as: "flow name")
         try validate(subject, as: "subject")
         try validate(step, as: "step name")
         let operation = "unhop \(step) of \(flow) for \(subject)"
         if let output { try JSONText.validate(output, as: "step output", path: location) }
+        let rules = StorageRules(location: location)
+        try rules.checkEntryNamesItsRun(entry: entry, runID: runID, operation: operation)
         return try await transaction(operation) { tx in
-            guard let run = try await tx.unfinishedRun(flow: flow, subject: subject) else {
+            let unfinished = try await tx.unfinishedRun(flow: flow, subject: subject)
+            if let runID {
+                try rules.checkNamedRun(
+                    runID, named: unfinished?.id == runID ? unfinished : try await tx.run(id: runID),
+                    current: unfinished, flow: flow, subject: subject, verb: "unhop", operation: operation)
+            }
+            guard let run = unfinished else {
                 throw tx.noUnfinishedRun(flow: flow, subject: subject, operation: operation)
             }
-            let token = try StorageRules(location: tx.location).tokenToUnhop(run, step: step, operation: operation)
+            if let entry {
+                // The statement of HopStore's `unhopParked`.
+                let named = try await tx.queryOne(
+                    """
+                    SELECT h.step, h.kind, h.token,
+                        (SELECT e.kind FROM history e
+                            WHERE e.run_id = h.run_id AND e.kind IN \(HistoryKind.pgStepEnds) AND e.token = h.token),
+                        (SELECT c.seq FROM runs r JOIN history c ON c.run_id = r.id AND c.token = r.current_token
+                            WHERE r.id = h.run_id AND c.kind = 'hop')
+                    FROM history h WHERE h.run_id = $1 AND h.seq = $2
+                    """, [.int(run.id), .int(entry)]
+                ) { row in
+                    (
+                        hop: (step: try row.optionalText(0), kind: try row.text(1), token: try row.optionalText(2)),
+                        ending: try row.optionalText(3), current: try row.optionalInt64(4)
+                    )
+                }
+                try rules.checkNamedEntry(
+                    entry, of: run, step: step, hop: named?.hop, ending: named?.ending, current: named?.current,
+                    operation: operation)
+            }
+            let token = try rules.tokenToUnhop(run, step: step, operation: operation)
             let event = try await tx.endStep(run, token: token, kind: .unhop, value: output, operation: operation)
             try await tx.notifyChange()
             return (try await tx.requireRun(run.id, operation: operation), event)

@@ -85,6 +85,57 @@ import Testing
         #expect(try await engine.storage.history(runID: run.id).last?.kind == .cancel)
     }
 
+    /// A flow parks on "approve" twice. `engine.unhop(…, run:, entry:)` with what
+    /// `engine.parking` gave for the first parking, called again after the run parked on the
+    /// second (a caller's retry), changes nothing; the second parking is unhopped by its own entry.
+    @Test(arguments: TestBackend.all) func anUnhopThatNamesItsParkingNeverFinishesTheNextParkingOnTheSameStep(
+        backend: TestBackend
+    ) async throws {
+        let folder = try TemporaryDirectory()
+        let review = Flow("review", version: "1") { flow in
+            try await flow.hop(to: "approve")
+            try await flow.hop(to: "approve")
+            try await flow.hop(to: "main")
+        }
+        let engine = try await startupEngine(folder, backend: backend, flow: review)
+        engine.register(step: "approve", .external)
+        let run = try await engine.start("review")
+        _ = try await engine.settled(runID: run.id)
+        #expect(try await engine.parking(flow: "onboarding") == nil)
+        let first = try #require(try await engine.parking(flow: "review"))
+        #expect(first.run == run.id && first.step == "approve")
+
+        // An entry needs its run; a wrong run or entry is refused, changing nothing.
+        let noRun = await #expect(throws: HopError.self) {
+            try await engine.unhop(flow: "review", step: "approve", entry: first.entry)
+        }
+        #expect(noRun?.code == .invalidInput)
+        let wrongEntry = await #expect(throws: HopError.self) {
+            try await engine.unhop(flow: "review", step: "approve", run: run.id, entry: first.entry + 1)
+        }
+        #expect(wrongEntry?.code == .notFound)
+
+        try await engine.unhop(flow: "review", step: "approve", run: run.id, entry: first.entry)
+        let second = try #require(try await engine.settled(runID: run.id))
+        #expect(second.status == .parked && second.currentStep == "approve")
+        let parked = try #require(try await engine.parking(flow: "review"))
+        #expect(parked.entry > first.entry)
+
+        let retry = await #expect(throws: HopError.self) {
+            try await engine.unhop(flow: "review", step: "approve", run: run.id, entry: first.entry)
+        }
+        #expect(retry?.code == .refused)
+        #expect(retry?.description.contains("has already unhopped") == true, "\(String(describing: retry))")
+        #expect(try await engine.storage.run(id: run.id)?.currentToken == second.currentToken)
+
+        try await engine.unhop(flow: "review", step: "approve", run: run.id, entry: parked.entry)
+        #expect(try await engine.settled(runID: run.id)?.status == .completed)
+        #expect(
+            try await path(of: run.id, in: engine.storage) == [
+                "hop approve", "unhop approve", "hop approve", "unhop approve", "hop main", "unhop main",
+            ])
+    }
+
     @Test(arguments: TestBackend.all) func cancellingARunCancelsTheTaskOfItsStepInFlight(
         backend: TestBackend
     ) async throws {

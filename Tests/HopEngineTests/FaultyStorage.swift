@@ -141,10 +141,11 @@ final class FaultyStorage: HopStorage {
     }
 
     func unhopParked(
-        flow: String, subject: String, step: String, output: String?
+        flow: String, subject: String, step: String, runID: Int64?, entry: Int64?, output: String?
     ) async throws -> (run: RunRecord, unhop: HistoryEntry) {
         try check()
-        return try await base.unhopParked(flow: flow, subject: subject, step: step, output: output)
+        return try await base.unhopParked(
+            flow: flow, subject: subject, step: step, runID: runID, entry: entry, output: output)
     }
 
     func recordError(
@@ -162,6 +163,11 @@ final class FaultyStorage: HopStorage {
     func latestRun(flow: String, subject: String) async throws -> RunRecord? {
         try check()
         return try await base.latestRun(flow: flow, subject: subject)
+    }
+
+    func stepEntries(runIDs: [Int64]) async throws -> [Int64: Int64] {
+        try check()
+        return try await base.stepEntries(runIDs: runIDs)
     }
 
     func history(runID: Int64, limit: Int?) async throws -> [HistoryEntry] {

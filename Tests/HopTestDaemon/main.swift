@@ -75,6 +75,7 @@ struct Options {
     var retention: Double?
     var fleet = false
     var graceful = false
+    var flow = "startup"
 
     static func parse() -> Options {
         var options = Options()
@@ -98,6 +99,7 @@ struct Options {
             case "--patch": options.patch = true
             case "--fleet": options.fleet = true
             case "--graceful": options.graceful = true
+            case "--flow": options.flow = arguments.popFirst() ?? "startup"
             case "--retention": options.retention = Double(arguments.popFirst() ?? "")
             default:
                 FileHandle.standardError.write(Data("unknown argument \(argument)\n".utf8))
@@ -278,6 +280,16 @@ do {
         }
     }
     engine.register(step: "wait", .external)
+    // Two approvals, one after the other, of the same step: a retried `hopctl unhop` of the
+    // first must not finish the second.
+    engine.register(
+        Flow("review", version: "1") { flow in
+            try await flow.hop(to: "approve")
+            try await flow.hop(to: "approve")
+            try await flow.hop(to: "publish")
+        })
+    engine.register(step: "approve", .external)
+    engine.register(step: "publish") { step in noteBody(step) }
     engine.register(step: "done") { step in noteBody(step) }
 
     if options.fleet {
@@ -311,7 +323,7 @@ do {
         let service = Task { try await engine.run() }
         let termination = options.graceful ? stopOnTermination(service) : nil
         defer { termination?.cancel() }
-        run = try await engine.start("startup", subject: subject)
+        run = try await engine.start(options.flow, subject: subject)
         var current = run
         func othersUnfinished() async throws -> Bool {
             guard options.waitAll else { return false }

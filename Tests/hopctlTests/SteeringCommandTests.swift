@@ -38,6 +38,77 @@ import Testing
         #expect(nothing.stderr.contains(backend.name == "sqlite" ? folder.database : "postgres://"))
     }
 
+    /// A flow parks on the same step twice in a row (two approvals). `unhop --run ID --entry N`
+    /// names the parking itself: the same command again (a retry after a timeout, a double click)
+    /// must not finish the second approval, which `--step` alone cannot tell from the first.
+    @Test(arguments: TestBackend.all) func aRetriedUnhopThatNamesItsEntryNeverFinishesTheNextParkingOnTheSameStep(
+        backend: TestBackend
+    ) async throws {
+        let folder = try TemporaryDirectory()
+        let db = try await backend.location(folder)
+        let daemon = try ChildProcess(
+            "hop-test-daemon", ["--db", db, "--external", "--flow", "review"], directory: folder)
+        defer { daemon.kill() }
+        try await daemon.waitForOutput("parked approve")
+        let store = try await backend.open(folder)
+        func parking() async throws -> (entry: Int, text: String) {
+            let listed = try #require(
+                try await hopctlJSON(["status", "--flow", "review"], in: folder, db: db) as? [[String: Any]])
+            let run = try #require(listed.first)
+            let text = try await hopctl(["status", "--flow", "review"], in: folder, db: db).stdout
+            return (try #require(run["current_step_entry"] as? Int, "\(run)"), text)
+        }
+        let first = try await parking()
+        #expect(first.text.contains("approve (entry \(first.entry))"), "\(first.text)")
+
+        let unhop = ["unhop", "--flow", "review", "--step", "approve", "--run", "1", "--entry", "\(first.entry)"]
+        let done = try await hopctl(unhop, in: folder, db: db)
+        #expect(done.status == 0, "\(done.stderr)")
+        #expect(done.stdout.contains("unhopped approve (entry \(first.entry)) of run 1"), "\(done.stdout)")
+        try await waitUntil("the run parks on the second approval") {
+            let hops = try await store.history(runID: 1).filter { $0.kind == .hop }.count
+            return try await store.run(id: 1)?.status == .parked && hops == 2
+        }
+        let second = try await parking()
+        #expect(second.entry > first.entry)
+
+        let again = try await hopctl(unhop, in: folder, db: db)
+        #expect(again.status == 1, "a retried unhop finished the second approval")
+        #expect(
+            again.stderr.contains(
+                "step 'approve' that entry \(first.entry) of run 1 entered has already unhopped; run 1 is now parked on "
+                    + "'approve' (entry \(second.entry)); nothing was changed"),
+            "\(again.stderr)")
+        #expect(try await store.history(runID: 1).filter { $0.kind == .unhop && $0.step == "approve" }.count == 1)
+        #expect(try await parking().entry == second.entry)
+
+        // An entry that is no hop to the step, a run that is not the flow's: refused, nothing changed.
+        let wrongEntry = try await hopctl(
+            ["unhop", "--flow", "review", "--step", "approve", "--run", "1", "--entry", "999"], in: folder, db: db)
+        #expect(
+            wrongEntry.status == 1 && wrongEntry.stderr.contains("entry 999 of run 1 is not a hop to 'approve'"),
+            "\(wrongEntry.stderr)")
+        let wrongRun = try await hopctl(
+            ["unhop", "--flow", "review", "--step", "approve", "--run", "7", "--entry", "\(second.entry)"], in: folder,
+            db: db)
+        #expect(
+            wrongRun.status == 1 && wrongRun.stderr.contains("run 7 is not a run of flow 'review'"),
+            "\(wrongRun.stderr)")
+        let noRun = try await hopctl(
+            ["unhop", "--flow", "review", "--step", "approve", "--entry", "\(second.entry)"], in: folder, db: db)
+        #expect(noRun.status == 64 && noRun.stderr.contains("--entry needs --run"), "\(noRun.stderr)")
+        #expect(try await store.history(runID: 1).filter { $0.kind == .unhop && $0.step == "approve" }.count == 1)
+
+        let last = ["unhop", "--flow", "review", "--step", "approve", "--run", "1", "--entry", "\(second.entry)"]
+        #expect(try await hopctl(last, in: folder, db: db).status == 0)
+        try await daemon.waitForOutput("settled completed", timeout: .seconds(10))
+        let finished = try await hopctl(last, in: folder, db: db)
+        #expect(
+            finished.status == 1 && finished.stderr.contains("run 1 is already completed; nothing was changed"),
+            "\(finished.stderr)")
+        #expect(try await store.history(runID: 1).filter { $0.kind == .unhop && $0.step == "approve" }.count == 2)
+    }
+
     /// `restart --run ID` and `cancel --run ID` act only while ID is the run they would act on:
     /// the same command again (a retry after a timeout, a double click) changes nothing.
     @Test(arguments: TestBackend.all) func aRetriedRestartOrCancelThatNamesItsRunChangesNothing(

@@ -193,18 +193,47 @@ public actor HopEngine {
     }
 
     /// Finishes `step`, on which the unfinished run of `flow` for `subject` is parked, exactly
-    /// once; then the run proceeds. Addressed by step, so a retry never finishes the step after it.
+    /// once; then the run proceeds. Addressed by step, so a retry never finishes another step
+    /// after it; name the parking with `runID` and `entry` when the flow may park on `step` again.
+    ///
+    /// - Parameters:
+    ///   - flow: the flow's name.
+    ///   - subject: whom the run is for.
+    ///   - step: the step the run is parked on.
+    ///   - runID: the run meant: refused unless it is the subject's unfinished run of the flow.
+    ///   - entry: with `runID`, the history entry of the hop that parked the run on `step`
+    ///     (``HopEngine/parking(flow:subject:)``): refused once that step has ended, even when
+    ///     the run is parked on `step` again (a retry never finishes the next parking).
+    ///   - output: the step's output.
     /// - Throws: `HopError` with code `.refused`, changing nothing, when the run is not parked on
-    ///   `step` or `step` finishes when a session is stored (use ``storeSession(subject:userID:token:expiresAt:)``);
-    ///   `.notFound` without an unfinished run.
+    ///   `step` (or not by `entry`), or `step` finishes when a session is stored (use
+    ///   ``storeSession(subject:userID:token:expiresAt:)``); `.notFound` without an unfinished
+    ///   run, or when `runID` or `entry` names no such run or hop.
     public func unhop(
-        flow: String, subject: String = "default", step: String, output: (some Encodable & Sendable)? = String?.none
+        flow: String, subject: String = "default", step: String, run runID: Int64? = nil, entry: Int64? = nil,
+        output: (some Encodable & Sendable)? = String?.none
     ) async throws {
         let json = try output.map { try JSONCoding.encode($0) }
-        let (run, entry) = try await storage.unhopParked(flow: flow, subject: subject, step: step, output: json)
+        let (run, event) = try await storage.unhopParked(
+            flow: flow, subject: subject, step: step, runID: runID, entry: entry, output: json)
         environment.metrics.unhops.increment()
-        environment.notify(.recorded(run: environment.ref(run), event: entry))
+        environment.notify(.recorded(run: environment.ref(run), event: event))
         execute(run)
+    }
+
+    /// Where the unfinished run of `flow` for `subject` is parked: the run, its step and the
+    /// history entry that parked it, which ``unhop(flow:subject:step:run:entry:output:)`` names
+    /// so that a retry never finishes a later parking on the same step. `nil` unless it is parked.
+    public func parking(
+        flow: String, subject: String = "default"
+    ) async throws -> (
+        run: Int64, step: String, entry: Int64
+    )? {
+        guard let run = try await storage.latestRun(flow: flow, subject: subject), run.status == .parked,
+            let step = run.currentStep
+        else { return nil }
+        guard let entry = try await storage.stepEntries(runIDs: [run.id])[run.id] else { return nil }
+        return (run.id, step, entry)
     }
 
     /// The step the unfinished run of `flow` for `subject` has in flight, and its token.

@@ -46,22 +46,61 @@ extension HopStore {
 
     /// Finishes `step`, on which the unfinished run of `flow` for `subject` is parked (as
     /// `hopctl unhop` does), exactly once. Addressed by step, so a retried command never
-    /// finishes the step after it.
-    /// - Throws: `.notFound` without an unfinished run; `.refused`, changing nothing, when the run
-    ///   is not parked on `step`, or when `step` is finished by a stored session (a login step).
+    /// finishes another step after it; a flow that parks on the same step again is told from
+    /// its first parking only by `runID` and `entry`.
+    ///
+    /// - Parameters:
+    ///   - runID: the run meant: refused unless it is the subject's unfinished run of the flow.
+    ///   - entry: with `runID`, the history entry of the hop that parked the run on `step` (see
+    ///     ``stepEntries(runIDs:)``): refused, changing nothing, once that step has ended, even
+    ///     when the run is parked on `step` again.
+    /// - Throws: `.notFound` without an unfinished run, or when `runID` is no run of the flow for
+    ///   `subject` or `entry` no hop of it to `step`; `.refused`, changing nothing, when the run
+    ///   is not parked on `step` (or not by `entry`), or when `step` is finished by a stored
+    ///   session (a login step); `.invalidInput` for an `entry` without `runID`.
     public func unhopParked(
-        flow: String, subject: String, step: String, output: String? = nil
+        flow: String, subject: String, step: String, runID: Int64? = nil, entry: Int64? = nil, output: String? = nil
     ) async throws -> (run: RunRecord, unhop: HistoryEntry) {
         try validate(flow, as: "flow name")
         try validate(subject, as: "subject")
         try validate(step, as: "step name")
         let operation = "unhop \(step) of \(flow) for \(subject)"
         if let output { try JSONText.validate(output, as: "step output", path: path) }
+        let rules = StorageRules(location: path)
+        try rules.checkEntryNamesItsRun(entry: entry, runID: runID, operation: operation)
         return try await transaction(operation) { tx in
-            guard let run = try tx.unfinishedRun(flow: flow, subject: subject, operation: operation) else {
+            let unfinished = try tx.unfinishedRun(flow: flow, subject: subject, operation: operation)
+            if let runID {
+                try rules.checkNamedRun(
+                    runID, named: unfinished?.id == runID ? unfinished : try tx.run(id: runID, operation: operation),
+                    current: unfinished, flow: flow, subject: subject, verb: "unhop", operation: operation)
+            }
+            guard let run = unfinished else {
                 throw tx.noUnfinishedRun(flow: flow, subject: subject, operation: operation)
             }
-            let token = try StorageRules(location: tx.path).tokenToUnhop(run, step: step, operation: operation)
+            if let entry {
+                // Entry `entry` of the run: its step, kind and token; how the step it entered ended
+                // (the entry that ended it, by its token); and the entry of the run's step in flight.
+                let named = try tx.queryOne(
+                    """
+                    SELECT h.step, h.kind, h.token,
+                        (SELECT e.kind FROM history e
+                            WHERE e.run_id = h.run_id AND e.kind IN \(HistoryKind.stepEndsSQL) AND e.token = h.token),
+                        (SELECT c.seq FROM runs r JOIN history c ON c.run_id = r.id AND c.token = r.current_token
+                            WHERE r.id = h.run_id AND c.kind = 'hop')
+                    FROM history h WHERE h.run_id = ?1 AND h.seq = ?2
+                    """, [.integer(run.id), .integer(entry)], operation: operation
+                ) { row in
+                    (
+                        hop: (step: row.optionalText(0), kind: row.text(1), token: row.optionalText(2)),
+                        ending: row.optionalText(3), current: row.optionalInt64(4)
+                    )
+                }
+                try rules.checkNamedEntry(
+                    entry, of: run, step: step, hop: named?.hop, ending: named?.ending, current: named?.current,
+                    operation: operation)
+            }
+            let token = try rules.tokenToUnhop(run, step: step, operation: operation)
             let event = try tx.endStep(RunHead(run), token: token, kind: .unhop, value: output, operation: operation)
             return (try tx.requireRun(run.id, operation: operation), event)
         }

@@ -42,6 +42,22 @@ extension HopStore {
         LatestRuns.sql(flow: flow, subject: subject, status: status, marker: "?", runColumns: RunRecord.columns)
     }
 
+    /// The history entry that entered the step in flight of each of `runIDs` that has one (a
+    /// run id to an entry number): what names a parking in
+    /// ``unhopParked(flow:subject:step:runID:entry:output:)``.
+    public func stepEntries(runIDs: [Int64]) throws -> [Int64: Int64] {
+        guard !runIDs.isEmpty else { return [:] }
+        // A run's step in flight was entered by the hop entry that holds its token (a seek on
+        // the history's primary key, then the run's own entries).
+        let rows = try connection.query(
+            """
+            SELECT h.run_id, h.seq FROM runs r JOIN history h ON h.run_id = r.id AND h.token = r.current_token
+            WHERE r.id IN (SELECT value FROM json_each(?1)) AND h.kind = 'hop'
+            """, [.text(Self.jsonList(runIDs))], operation: "read the entries of steps in flight"
+        ) { ($0.int64(0), $0.int64(1)) }
+        return Dictionary(rows, uniquingKeysWith: { first, _ in first })
+    }
+
     /// The names of the flows that have runs here, in order.
     public func flowNames() throws -> [String] {
         try connection.query(Self.flowNamesSQL, [], operation: "list flows") { $0.text(0) }

@@ -97,9 +97,11 @@ package protocol HopStorage: Sendable {
     /// Ends the step in flight because its deadline passed, if `token` is its token.
     @discardableResult
     func recordTimeout(runID: Int64, token: String, owner: String?) async throws -> HistoryEntry
-    /// Unhops `step`, on which the unfinished run of `flow` for `subject` is parked.
+    /// Unhops `step`, on which the unfinished run of `flow` for `subject` is parked; with
+    /// `runID`, only while that is the run; with `entry` too, only while the hop that history
+    /// entry recorded is the parking (see ``HopStore/unhopParked(flow:subject:step:runID:entry:output:)``).
     func unhopParked(
-        flow: String, subject: String, step: String, output: String?
+        flow: String, subject: String, step: String, runID: Int64?, entry: Int64?, output: String?
     ) async throws -> (run: RunRecord, unhop: HistoryEntry)
     /// Records that a step threw; with `final`, the run fails.
     @discardableResult
@@ -113,6 +115,9 @@ package protocol HopStorage: Sendable {
     func run(id: Int64) async throws -> RunRecord?
     /// The newest run of `flow` for `subject`, finished or not.
     func latestRun(flow: String, subject: String) async throws -> RunRecord?
+    /// The history entry that entered the step in flight of each of `runIDs` that has one (a
+    /// run id to an entry number): what names a parking in `hopctl unhop --run ID --entry N`.
+    func stepEntries(runIDs: [Int64]) async throws -> [Int64: Int64]
     /// The history of a run in order; with `limit`, its last `limit` entries.
     func history(runID: Int64, limit: Int?) async throws -> [HistoryEntry]
     /// The histories of `runIDs`, each in order, read together.
@@ -172,6 +177,14 @@ extension HopStorage {
     /// Gives up `owner`'s lease on the run.
     package func release(runID: Int64, owner: String) async throws {
         try await release(runIDs: [runID], owner: owner)
+    }
+
+    /// Unhops `step`, on which the unfinished run of `flow` for `subject` is parked, whichever run
+    /// and parking that is.
+    package func unhopParked(
+        flow: String, subject: String, step: String, output: String? = nil
+    ) async throws -> (run: RunRecord, unhop: HistoryEntry) {
+        try await unhopParked(flow: flow, subject: subject, step: step, runID: nil, entry: nil, output: output)
     }
 
     /// The whole history of a run, in order.

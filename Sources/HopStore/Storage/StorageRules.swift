@@ -67,6 +67,46 @@ package struct StorageRules: Sendable {
         }
     }
 
+    /// Refuses an entry number without its run: entries are numbered in each run, so the same
+    /// number names a step of the next run too.
+    package func checkEntryNamesItsRun(entry: Int64?, runID: Int64?, operation: String) throws {
+        guard entry != nil, runID == nil else { return }
+        throw refuse(
+            .invalidInput, operation, "a history entry names a step only with its run; nothing was changed",
+            hint: "Give the run id with the entry (see `hopctl status`)")
+    }
+
+    /// Checks that history entry `entry` of `run`, which an unhop names so that a retried command
+    /// changes nothing, is the hop that parked the run on `step`, and that this parking has not
+    /// ended. `hop` is that entry as stored (its step, kind and token); `ending`, how the step it
+    /// entered ended, when it is not the step in flight; `current`, the entry of the step in flight.
+    package func checkNamedEntry(
+        _ entry: Int64, of run: RunRecord, step: String, hop: (step: String?, kind: String, token: String?)?,
+        ending: String?, current: Int64?, operation: String
+    ) throws {
+        let (flow, subject) = (run.flow, run.subject)
+        let look = "`hopctl status --flow \(flow) --subject \(subject)`"
+        guard let hop, hop.kind == HistoryKind.hop.rawValue, hop.step == step, let token = hop.token else {
+            throw refuse(
+                .notFound, operation, "entry \(entry) of run \(run.id) is not a hop to '\(step)'; nothing was changed",
+                hint: "The entry of the step the run is parked on is in \(look)")
+        }
+        guard token != run.currentToken else { return }
+        let how = ending.map { $0 == HistoryKind.unhop.rawValue ? "has already unhopped" : "has already ended (\($0))" }
+        let now: String
+        switch (run.status, run.currentStep) {
+        case (.parked, let parked?): now = "is now parked on '\(parked)'\(current.map { " (entry \($0))" } ?? "")"
+        case (_, let inFlight?): now = "is now executing its step '\(inFlight)' in the daemon"
+        case (_, nil): now = "now has no step in flight"
+        }
+        throw refuse(
+            .refused, operation,
+            "step '\(step)' that entry \(entry) of run \(run.id) entered \(how ?? "has ended"); run \(run.id) \(now); "
+                + "nothing was changed (a retried command changes nothing)",
+            hint: run.status == .parked
+                ? "To unhop the step the run is parked on now, name its entry (see \(look))" : "Check \(look)")
+    }
+
     /// The token of the step of `run` that `hopctl unhop` may finish by hand, or why it may not:
     /// the run must be parked on `step`, and `step` must not be one a stored session finishes.
     package func tokenToUnhop(_ run: RunRecord, step: String, operation: String) throws -> String {

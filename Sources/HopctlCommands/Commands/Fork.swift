@@ -50,8 +50,8 @@ struct Fork: AsyncParsableCommand {
         let (old, new) = try await store.forkRun(
             flow: selection.flow, subject: selection.subject, runID: run, through: through, version: version)
         if output.json {
-            return try Output.json(
-                ForkJSON(old: RunJSON(old, now: store.now()), new: RunJSON(new, now: store.now()), through: through))
+            let runs = try await RunJSON.list([old, new], in: store)
+            return try Output.json(ForkJSON(old: runs[0], new: runs[1], through: through))
         }
         Output.line(
             "forked run \(old.id) through entry \(through) into run \(new.id) (\(Output.printable(new.flow)) for \(Output.printable(new.subject)), version \(Output.printable(new.flowVersion))); a daemon with that version carries it on"

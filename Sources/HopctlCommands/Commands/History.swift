@@ -94,7 +94,7 @@ struct HistoryRequest: Equatable {
         if json {
             return try Output.json(
                 HistoryJSON(
-                    run: RunJSON(record, now: store.now()),
+                    run: try await RunJSON.list([record], in: store)[0],
                     entries: entries.map(HistoryJSON.Entry.init)))
         }
         Self.printTable(record, entries, now: store.now())
@@ -128,7 +128,9 @@ struct HistoryRequest: Equatable {
                 let entries = histories[run.id] ?? []
                 if array != nil {
                     try array?.append(
-                        HistoryJSON(run: RunJSON(run, now: store.now()), entries: entries.map(HistoryJSON.Entry.init)))
+                        HistoryJSON(
+                            run: RunJSON(run, stepEntry: run.stepEntry(in: entries), now: store.now()),
+                            entries: entries.map(HistoryJSON.Entry.init)))
                 } else {
                     Self.printTable(run, entries, now: store.now())
                 }

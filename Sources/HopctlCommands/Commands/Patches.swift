@@ -32,7 +32,7 @@ struct Patches: AsyncParsableCommand {
         try await requireFlow(flow, in: store, operation: "patches")
         if let patch {
             let runs = try await store.runsWithoutPatch(flow: flow, patch: patch)
-            if output.json { return try Output.json(runs.map { RunJSON($0, now: store.now()) }) }
+            if output.json { return try Output.json(try await RunJSON.list(runs, in: store)) }
             if runs.isEmpty {
                 return Output.note(
                     "no unfinished run of \(Output.printable(flow)) lacks the marker of \(Output.printable(patch)): "

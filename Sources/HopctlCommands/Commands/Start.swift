@@ -40,7 +40,7 @@ struct Start: AsyncParsableCommand {
         let store = try await global.openForWriting()
         let run = try await store.startNewRun(
             flow: selection.flow, subject: selection.subject, version: version, allowingNewFlow: force)
-        if output.json { return try Output.json(RunJSON(run, now: store.now())) }
+        if output.json { return try Output.json(try await RunJSON.list([run], in: store)[0]) }
         Output.line(
             "started run \(run.id) of \(Output.printable(run.flow)) for \(Output.printable(run.subject)) (version \(Output.printable(run.flowVersion))); a daemon that runs the flow picks it up"
         )

@@ -15,6 +15,8 @@ struct Status: AsyncParsableCommand {
         abstract:
             "One line per run: flow, subject, status, current step, owner, last change (latest run of each flow and subject).",
         discussion: """
+            STEP is the step in flight and the history entry that entered it ("approve (entry 7)"), \
+            which `hopctl unhop --run ID --entry N` names. \
             OWNER is the label of the engine executing the run and whether its lease is live; \
             "-" when no engine holds the run (it is parked or finished), and "- (waits for an engine \
             with version V)" for a running run that no engine holds: one registered for the run's flow \
@@ -93,7 +95,7 @@ struct StatusRequest: Equatable {
         for run in runs where run.status == .diverged {
             divergences[run.id] = try await store.history(runID: run.id, limit: 4).last { $0.kind == .diverge }?.value
         }
-        if json { return try Output.json(runs.map { RunJSON($0, divergence: divergences[$0.id], now: now) }) }
+        if json { return try Output.json(try await RunJSON.list(runs, in: store, divergences: divergences)) }
         if runs.isEmpty {
             return Output.note(
                 status.map { "no \($0.rawValue) runs in \(store.location)" } ?? "no runs in \(store.location)")
@@ -110,13 +112,15 @@ struct StatusRequest: Equatable {
                     ]
                 })
         }
+        let entries = try await store.stepEntries(runIDs: runs.filter { $0.currentStep != nil }.map(\.id))
         Output.table(
             ["FLOW", "SUBJECT", "RUN", "STATUS", "STEP", "OWNER", "CHANGED"],
-            runs.map {
+            runs.map { run in
                 [
-                    $0.flow, $0.subject, "\($0.id)", $0.status.rawValue, $0.currentStep ?? "-",
-                    Self.owner($0, now: now),
-                    Output.relative($0.updatedAt, now: now),
+                    run.flow, run.subject, "\(run.id)", run.status.rawValue,
+                    run.currentStep.map { step in entries[run.id].map { "\(step) (entry \($0))" } ?? step } ?? "-",
+                    Self.owner(run, now: now),
+                    Output.relative(run.updatedAt, now: now),
                 ]
             })
     }

@@ -30,22 +30,39 @@ struct Unhop: AsyncParsableCommand {
         commandName: "unhop",
         abstract: "Finish the step the run is parked on, exactly once; a running daemon proceeds at once.",
         discussion: """
-            The step is named, so a retried command never finishes the step after it: when the run is \
-            not parked on --step, nothing changes and the command fails, saying where the run is. A step \
-            that finishes when a session is stored (a login step) is finished by `hopctl session login`.
+            The step is named, so a retried command never finishes another step after it: when the run is \
+            not parked on --step, nothing changes and the command fails, saying where the run is. A flow \
+            may park on the same step again (a second approval): name the parking with --run and --entry \
+            (both in `hopctl status`), and a retried command never finishes the next one. A step that \
+            finishes when a session is stored (a login step) is finished by `hopctl session login`.
             """)
 
     @OptionGroup var global: GlobalOptions
     @OptionGroup var selection: RunSelection
+    @OptionGroup var named: NamedRunOption
 
     @Option(help: ArgumentHelp("The step the run is parked on (see `hopctl status`).", valueName: "step"))
     var step: String
+
+    @Option(
+        parsing: .unconditional,
+        help: ArgumentHelp(
+            "With --run, the history entry that parked the run on --step (see `hopctl status`): refused, changing nothing, once that step has ended.",
+            valueName: "n"))
+    var entry: Int64?
 
     @Option(help: ArgumentHelp("The step's output, as JSON (e.g. '{\"accepted\": true}').", valueName: "json"))
     var output: String?
 
     func validate() throws {
         try checkIdentifier(step, as: "step name")
+        if let entry {
+            guard named.run != nil else {
+                throw ValidationError(
+                    "--entry needs --run: entries are numbered in each run (see `hopctl status`)")
+            }
+            guard entry >= 1 else { throw ValidationError("--entry is out of range: give an entry number (1 or more)") }
+        }
         if let output {
             do {
                 try JSONText.validate(output, as: "--output value")
@@ -58,9 +75,11 @@ struct Unhop: AsyncParsableCommand {
     func run() async throws {
         let store = try await global.openForWriting()
         let (run, unhop) = try await store.unhopParked(
-            flow: selection.flow, subject: selection.subject, step: step, output: output)
+            flow: selection.flow, subject: selection.subject, step: step, runID: named.run, entry: entry,
+            output: output)
+        let parking = entry.map { " (entry \($0))" } ?? ""
         Output.line(
-            "unhopped \(Output.printable(unhop.step ?? "?")) of run \(run.id) (\(Output.printable(run.flow)) for \(Output.printable(run.subject))); the daemon moves the run on"
+            "unhopped \(Output.printable(unhop.step ?? "?"))\(parking) of run \(run.id) (\(Output.printable(run.flow)) for \(Output.printable(run.subject))); the daemon moves the run on"
         )
     }
 }

@@ -14,6 +14,8 @@ struct RunJSON: Encodable {
     var subject: String
     var status: String
     @ExplicitNull var currentStep: String?
+    /// The history entry that entered `currentStep` (what `hopctl unhop --entry` names).
+    @ExplicitNull var currentStepEntry: Int64?
     var flowVersion: String
     var createdAt: Date
     var updatedAt: Date
@@ -22,9 +24,11 @@ struct RunJSON: Encodable {
     /// For a diverged run, where and why (`hopctl status`); `null` otherwise.
     @ExplicitNull var diverged: DivergenceJSON?
 
-    /// `run` as listed, its lease judged at `now` (the database's clock: ``HopStorage/now()``).
-    init(_ run: RunRecord, divergence: String? = nil, now: Date) {
+    /// `run` as listed, its lease judged at `now` (the database's clock: ``HopStorage/now()``);
+    /// `stepEntry` is the entry that entered its step in flight.
+    init(_ run: RunRecord, stepEntry: Int64?, divergence: String? = nil, now: Date) {
         diverged = divergence.map(DivergenceJSON.init(message:))
+        currentStepEntry = run.currentStep == nil ? nil : stepEntry
         self.run = run.id
         flow = run.flow
         subject = run.subject
@@ -40,12 +44,32 @@ struct RunJSON: Encodable {
     enum CodingKeys: String, CodingKey {
         case run, flow, subject, status
         case currentStep = "current_step"
+        case currentStepEntry = "current_step_entry"
         case flowVersion = "flow_version"
         case createdAt = "created_at"
         case updatedAt = "updated_at"
         case owner
         case leaseLive = "lease_live"
         case diverged
+    }
+}
+
+extension RunJSON {
+    /// `runs` as listed, each with the entry of its step in flight (one read for them all).
+    static func list(
+        _ runs: [RunRecord], in store: any HopAdministration, divergences: [Int64: String] = [:]
+    ) async throws -> [RunJSON] {
+        let entries = try await store.stepEntries(runIDs: runs.filter { $0.currentStep != nil }.map(\.id))
+        let now = store.now()
+        return runs.map { RunJSON($0, stepEntry: entries[$0.id], divergence: divergences[$0.id], now: now) }
+    }
+}
+
+extension RunRecord {
+    /// The entry among `entries` (the run's history) that entered its step in flight.
+    func stepEntry(in entries: [HistoryEntry]) -> Int64? {
+        guard let token = currentToken else { return nil }
+        return entries.last { $0.kind == .hop && $0.token == token }?.seq
     }
 }
 
