@@ -375,6 +375,41 @@ import Testing
             "\(answered)")
     }
 
+    /// Lease renewals that fail a dozen times in a row (a third of a 1 s lease apart: 4 s or
+    /// more) are said once, and once more when a renewal succeeds again. Before, each failed
+    /// renewal wrote its own line: every 3.3 s, with the default lease, for as long as it lasted.
+    @Test func leaseRenewalsThatFailAreSaidOnceAndWhenTheySucceedAgain() async throws {
+        let folder = try TemporaryDirectory()
+        let storage = FaultyStorage(try await TestBackend.sqlite.open(folder))
+        let logs = InMemoryLogHandler.keepingEverything()
+        let ready = Atomic<Bool>(false)
+        let engine = try await startupEngine(
+            folder, logger: logs.logger(label: "test"), storage: storage,
+            configuration: .init(
+                leaseDuration: HopEngine.Configuration.shortestLeaseDuration,
+                observer: { if case .ready = $0 { ready.store(true, ordering: .sequentiallyConsistent) } }))
+        let service = Task { try await engine.run() }
+        defer { service.cancel() }
+        try await HopStoreTestSupport.waitUntil("the engine reports ready", timeout: .seconds(30)) {
+            ready.load(ordering: .sequentiallyConsistent)
+        }
+
+        let failures = 12
+        let renewal = "renewLeases(owner:runIDs:until:)"
+        storage.fail(renewal, times: failures)
+        // Until the engine says so, or (without that line) a second renewal succeeded after them.
+        try await HopStoreTestSupport.waitUntil("renewals succeed after the failures", timeout: .seconds(60)) {
+            let renewals = storage.trace.components(separatedBy: ", ").filter { $0.hasPrefix(renewal) }
+            let succeeded = renewals.reversed().prefix { $0 == renewal }.count
+            return storage.pendingFaults(renewal) == 0
+                && (succeeded >= 2 || (succeeded == 1 && logs.texts().contains { $0.contains("renewed again") }))
+        }
+        let said = logs.texts(atLeast: .error).filter { $0.contains("lease") }
+        #expect(said.count == 1 && said[0].contains("trying again at each renewal"), "\(said)")
+        let again = logs.texts().filter { $0.contains("renewed again") }
+        #expect(again.count == 1 && again[0].contains("\"hop.failures\": \(failures)"), "\(again)")
+    }
+
     /// The whole start-up flow, steered as an operator would (onboarding unhopped, a session
     /// stored), once for every call the engine and the steering make to the database, that call
     /// failing: wherever the database fails once, the run goes on at once (a failed command is

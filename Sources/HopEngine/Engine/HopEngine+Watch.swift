@@ -148,17 +148,34 @@ extension HopEngine: Service {
     /// cancelled. A loop of its own, not a step of the watch's: a chore of the watch that waits
     /// (on PostgreSQL, for a row another client's transaction holds) or fails must not let the
     /// leases run out, or another engine would take over runs this one still executes.
+    /// While they fail, said as the watch's polls are (``RepeatedFailures``): an outage logged
+    /// at every renewal wrote a line every third of a lease for as long as it lasted.
     private func renewLeases() async {
+        var failures = RepeatedFailures(every: Self.failureReportEvery)
         while !Task.isCancelled {
             do {
                 try await Task.sleep(for: configuration.leaseDuration / 3)
                 let held = environment.holdings.withLock { Array($0.held) }
                 try await storage.renewLeases(owner: id, runIDs: held, until: environment.leaseEnd)
+                if let outage = failures.succeeded(at: .now) {
+                    logger.notice(
+                        "the leases of the runs this engine executes are renewed again",
+                        metadata: ["hop.failures": "\(outage.failures)", "hop.outage": "\(outage.lasted)"])
+                }
             } catch is CancellationError {
                 return
             } catch {
-                logger.error(
-                    "cannot renew the leases of the runs this engine executes", metadata: ["hop.error": "\(error)"])
+                switch failures.failed(at: .now) {
+                case .first:
+                    logger.error(
+                        "cannot renew the leases of the runs this engine executes; trying again at each renewal",
+                        metadata: ["hop.error": "\(error)"])
+                case .still(let count):
+                    logger.error(
+                        "the leases still cannot be renewed",
+                        metadata: ["hop.error": "\(error)", "hop.failures": "\(count)"])
+                case nil: break
+                }
             }
         }
     }
