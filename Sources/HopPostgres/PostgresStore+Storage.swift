@@ -80,7 +80,7 @@ extension PostgresStore: HopStorage {
 
     @discardableResult
     package func startNewRun(
-        flow: String, subject: String, version: String?, allowingNewFlow: Bool
+        flow: String, subject: String, version: String?, allowingNewFlow: Bool, latest: ExpectedLatestRun?
     ) async throws -> RunRecord {
         try validate(flow, as: "flow name")
         try validate(subject, as: "subject")
@@ -88,6 +88,11 @@ extension PostgresStore: HopStorage {
         let operation = "start \(flow) for \(subject)"
         return try await transaction(operation) { tx in
             let rules = StorageRules(location: tx.location)
+            if let latest {
+                try rules.checkLatest(
+                    latest, latest: try await tx.latestRun(flow: flow, subject: subject), flow: flow, subject: subject,
+                    operation: operation)
+            }
             if let existing = try await tx.unfinishedRun(flow: flow, subject: subject) {
                 throw rules.alreadyUnfinished(existing, operation: operation)
             }

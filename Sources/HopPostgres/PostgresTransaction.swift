@@ -61,13 +61,16 @@ struct PostgresTransaction: Sendable {
             [.text(flow), .text(subject)], RunRecord.init(pg:))
     }
 
+    /// The newest run of `flow` for `subject`, finished or not, its row locked.
+    func latestRun(flow: String, subject: String) async throws -> RunRecord? {
+        try await queryOne(
+            "SELECT \(RunRecord.pgColumns) FROM runs WHERE flow = $1 AND subject = $2 ORDER BY id DESC LIMIT 1 FOR UPDATE",
+            [.text(flow), .text(subject)], RunRecord.init(pg:))
+    }
+
     /// The newest run of `flow` for `subject`, its row locked; `.notFound` without one.
     func requireLatestRun(flow: String, subject: String, operation: String) async throws -> RunRecord {
-        guard
-            let latest = try await queryOne(
-                "SELECT \(RunRecord.pgColumns) FROM runs WHERE flow = $1 AND subject = $2 ORDER BY id DESC LIMIT 1 FOR UPDATE",
-                [.text(flow), .text(subject)], RunRecord.init(pg:))
-        else {
+        guard let latest = try await latestRun(flow: flow, subject: subject) else {
             throw refuse(
                 .notFound, operation, "there is no run of flow '\(flow)' for subject '\(subject)'",
                 hint: "Check the names with `hopctl status`")

@@ -100,10 +100,12 @@ final class FaultyStorage: HopStorage {
         return try await base.cancelRun(flow: flow, subject: subject, runID: runID, reason: reason)
     }
 
-    func startNewRun(flow: String, subject: String, version: String?, allowingNewFlow: Bool) async throws -> RunRecord {
+    func startNewRun(
+        flow: String, subject: String, version: String?, allowingNewFlow: Bool, latest: ExpectedLatestRun?
+    ) async throws -> RunRecord {
         try check()
         return try await base.startNewRun(
-            flow: flow, subject: subject, version: version, allowingNewFlow: allowingNewFlow)
+            flow: flow, subject: subject, version: version, allowingNewFlow: allowingNewFlow, latest: latest)
     }
 
     func prune(_ pruning: Pruning, dryRun: Bool) async throws -> PruneReport {

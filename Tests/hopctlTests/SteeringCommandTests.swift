@@ -109,6 +109,57 @@ import Testing
         #expect(try await store.history(runID: 1).filter { $0.kind == .unhop && $0.step == "approve" }.count == 2)
     }
 
+    /// `start --latest ID` (or `none`) starts a run only while ID is the subject's latest run of
+    /// the flow: the same command again never starts a second run, even once the first one it
+    /// started has finished (a plain `start` is refused only while that run is unfinished).
+    @Test(arguments: TestBackend.all) func aRetriedStartThatNamesTheLatestRunNeverStartsASecondRun(
+        backend: TestBackend
+    ) async throws {
+        let folder = try TemporaryDirectory()
+        let db = try await backend.location(folder)
+        try await completedStartup(folder, db: db)
+        let store = try await backend.open(folder)
+        func runs() async throws -> [String] {
+            try await store.allRuns(flow: "startup").map { "\($0.id) \($0.subject) \($0.status.rawValue)" }
+        }
+
+        let start = ["start", "--flow", "startup", "--latest", "1"]
+        let first = try await hopctl(start, in: folder, db: db)
+        #expect(first.status == 0 && first.stdout.contains("started run 2"), "\(first.stdout)\(first.stderr)")
+        // A daemon executes the run to its end before the command is tried again.
+        try await completedStartup(folder, db: db)
+        #expect(try await runs() == ["1 default completed", "2 default completed"])
+        let again = try await hopctl(start, in: folder, db: db)
+        #expect(again.status == 1, "a retried start started a second run")
+        #expect(
+            again.stderr.contains(
+                "run 1 is not the latest run of flow 'startup' for subject 'default': run 2 (completed) came after it; "
+                    + "nothing was changed") && again.stderr.contains("--latest 2"), "\(again.stderr)")
+        // Without --latest, the finished run does not stop it: that is what --latest is for.
+        #expect(try await runs() == ["1 default completed", "2 default completed"])
+
+        // A subject's first run: `--latest none`.
+        let kiosk = ["start", "--flow", "startup", "--subject", "kiosk", "--latest", "none"]
+        #expect(try await hopctl(kiosk, in: folder, db: db).status == 0)
+        let kioskAgain = try await hopctl(kiosk, in: folder, db: db)
+        #expect(
+            kioskAgain.status == 1
+                && kioskAgain.stderr.contains(
+                    "the subject has run 3 (running) of flow 'startup', not none; nothing was changed"),
+            "\(kioskAgain.stderr)")
+        let missing = try await hopctl(
+            ["start", "--flow", "startup", "--subject", "printer", "--latest", "4"], in: folder, db: db)
+        #expect(
+            missing.status == 1
+                && missing.stderr.contains("subject 'printer' has no run of flow 'startup'")
+                && missing.stderr.contains("--latest none"), "\(missing.stderr)")
+        for bad in ["0", "-1", "latest"] {
+            let refused = try await hopctl(["start", "--flow", "startup", "--latest", bad], in: folder, db: db)
+            #expect(refused.status == 64 && refused.stderr.contains("--latest"), "\(bad): \(refused.stderr)")
+        }
+        #expect(try await runs() == ["1 default completed", "2 default completed", "3 kiosk running"])
+    }
+
     /// `restart --run ID` and `cancel --run ID` act only while ID is the run they would act on:
     /// the same command again (a retry after a timeout, a double click) changes nothing.
     @Test(arguments: TestBackend.all) func aRetriedRestartOrCancelThatNamesItsRunChangesNothing(

@@ -42,12 +42,17 @@ extension HopStore {
     ///     newest run here (for any subject), the one a daemon last started.
     ///   - allowingNewFlow: record the run even when no run of `flow` exists here yet (a new
     ///     flow, or a mistyped name); `version` is then required.
+    ///   - latest: the subject's latest run of the flow as the caller saw it, so that a retried
+    ///     start starts no second run: refused unless it still is (even once the run the first
+    ///     try started has finished, which an unfinished run's refusal alone does not cover).
     /// - Throws: `.refused`, changing nothing, when the subject has an unfinished run of the flow
-    ///   (naming it), or when no run of `flow` exists here and `allowingNewFlow` is false (naming
-    ///   the flows that do exist), or when `version` is missing for a new flow.
+    ///   (naming it), when `latest` is not its latest run, or when no run of `flow` exists here
+    ///   and `allowingNewFlow` is false (naming the flows that do exist), or when `version` is
+    ///   missing for a new flow.
     @discardableResult
     public func startNewRun(
-        flow: String, subject: String, version: String? = nil, allowingNewFlow: Bool = false
+        flow: String, subject: String, version: String? = nil, allowingNewFlow: Bool = false,
+        latest: ExpectedLatestRun? = nil
     ) async throws -> RunRecord {
         try validate(flow, as: "flow name")
         try validate(subject, as: "subject")
@@ -55,6 +60,11 @@ extension HopStore {
         let operation = "start \(flow) for \(subject)"
         let run = try await transaction(operation) { tx in
             let rules = StorageRules(location: tx.path)
+            if let latest {
+                try rules.checkLatest(
+                    latest, latest: try tx.latestRun(flow: flow, subject: subject, operation: operation), flow: flow,
+                    subject: subject, operation: operation)
+            }
             if let existing = try tx.unfinishedRun(flow: flow, subject: subject, operation: operation) {
                 throw rules.alreadyUnfinished(existing, operation: operation)
             }

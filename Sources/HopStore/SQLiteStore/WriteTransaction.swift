@@ -189,13 +189,16 @@ extension WriteTransaction {
         return try requireRun(connection.lastInsertedRowID, operation: operation)
     }
 
+    /// The newest run of `flow` for `subject`, finished or not.
+    func latestRun(flow: String, subject: String, operation: String) throws -> RunRecord? {
+        try queryOne(
+            "SELECT \(RunRecord.columns) FROM runs WHERE flow = ?1 AND subject = ?2 ORDER BY id DESC LIMIT 1",
+            [.text(flow), .text(subject)], operation: operation, RunRecord.init(row:))
+    }
+
     /// The newest run of `flow` for `subject`, finished or not; `.notFound` without one.
     func requireLatestRun(flow: String, subject: String, operation: String) throws -> RunRecord {
-        guard
-            let latest = try queryOne(
-                "SELECT \(RunRecord.columns) FROM runs WHERE flow = ?1 AND subject = ?2 ORDER BY id DESC LIMIT 1",
-                [.text(flow), .text(subject)], operation: operation, RunRecord.init(row:))
-        else {
+        guard let latest = try latestRun(flow: flow, subject: subject, operation: operation) else {
             throw refuse(
                 .notFound, operation, "there is no run of flow '\(flow)' for subject '\(subject)'",
                 hint: "Check the names with `hopctl status`")

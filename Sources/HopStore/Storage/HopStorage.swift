@@ -65,10 +65,12 @@ package protocol HopStorage: Sendable {
     func cancelRun(flow: String, subject: String, runID: Int64?, reason: String) async throws -> RunRecord
     /// Records a new run of `flow` for `subject` that no engine holds, on `version` (the flow's
     /// newest run's when `nil`), for the first engine with that version to claim (`hopctl start`).
-    /// Refused while the subject has an unfinished run of the flow, and for a flow with no run
-    /// here unless `allowingNewFlow`.
+    /// Refused while the subject has an unfinished run of the flow, when `latest` is given and is
+    /// not its latest run, and for a flow with no run here unless `allowingNewFlow`.
     @discardableResult
-    func startNewRun(flow: String, subject: String, version: String?, allowingNewFlow: Bool) async throws -> RunRecord
+    func startNewRun(
+        flow: String, subject: String, version: String?, allowingNewFlow: Bool, latest: ExpectedLatestRun?
+    ) async throws -> RunRecord
     /// Removes the finished runs `pruning` selects, with their history, a batch per transaction;
     /// with `dryRun`, counts them and changes nothing.
     func prune(_ pruning: Pruning, dryRun: Bool) async throws -> PruneReport

@@ -183,6 +183,35 @@ package struct StorageRules: Sendable {
             hint: "Let it finish, or end it first with `hopctl cancel` (or start over with `hopctl restart`)")
     }
 
+    /// Checks that the subject's latest run of the flow is the one a start expects (`latest`,
+    /// the run as stored), so that a retried start starts no second run.
+    package func checkLatest(
+        _ expected: ExpectedLatestRun, latest: RunRecord?, flow: String, subject: String, operation: String
+    ) throws {
+        let unchanged = "nothing was changed (a retried command starts no second run)"
+        switch (expected, latest) {
+        case (.noRun, nil): return
+        case (.run(let id), let latest?) where latest.id == id: return
+        case (.noRun, let latest?):
+            throw refuse(
+                .refused, operation,
+                "the subject has run \(latest.id) (\(latest.status.rawValue)) of flow '\(flow)', not none; \(unchanged)",
+                hint: "To start a run after it, name it: --latest \(latest.id)")
+        case (.run(let id), nil):
+            throw refuse(
+                .refused, operation, "subject '\(subject)' has no run of flow '\(flow)', not run \(id); \(unchanged)",
+                hint: "To start its first run, say so: --latest none")
+        case (.run(let id), let latest?):
+            throw refuse(
+                .refused, operation,
+                "run \(id) is not the latest run of flow '\(flow)' for subject '\(subject)': "
+                    + (id < latest.id
+                        ? "run \(latest.id) (\(latest.status.rawValue)) came after it"
+                        : "the latest is run \(latest.id) (\(latest.status.rawValue))") + "; \(unchanged)",
+                hint: "To start a run after that one, name it: --latest \(latest.id)")
+        }
+    }
+
     /// The flow version a new run of `flow` started from outside an engine takes: `version`, else
     /// `newest` (the version of the flow's newest run here); or why there is none to take, when no
     /// run of the flow has run here (`known` are the flows that have: read only then, see
