@@ -119,9 +119,7 @@ import Testing
         let db = try await backend.location(folder)
         try await completedStartup(folder, db: db)
         let store = try await backend.open(folder)
-        func runs() async throws -> [String] {
-            try await store.allRuns(flow: "startup").map { "\($0.id) \($0.subject) \($0.status.rawValue)" }
-        }
+        func runs() async throws -> [String] { try await startupRuns(in: store) }
 
         let start = ["start", "--flow", "startup", "--latest", "1"]
         let first = try await hopctl(start, in: folder, db: db)
@@ -169,9 +167,7 @@ import Testing
         let db = try await backend.location(folder)
         try await completedStartup(folder, db: db)
         let store = try await backend.open(folder)
-        func runs() async throws -> [String] {
-            try await store.allRuns(flow: "startup").map { "\($0.id) \($0.status.rawValue)" }
-        }
+        func runs() async throws -> [String] { try await startupRuns(in: store) }
 
         let restart = ["restart", "--flow", "startup", "--run", "1"]
         let first = try await hopctl(restart, in: folder, db: db)
@@ -182,7 +178,7 @@ import Testing
             again.stderr.contains(
                 "run 1 is already completed and run 2 (running) came after it; nothing was changed")
                 && again.stderr.contains("--run 2"), "\(again.stderr)")
-        #expect(try await runs() == ["1 completed", "2 running"])
+        #expect(try await runs() == ["1 default completed", "2 default running"])
 
         let cancelOld = try await hopctl(["cancel", "--flow", "startup", "--run", "1"], in: folder, db: db)
         #expect(cancelOld.status == 1 && cancelOld.stderr.contains("run 1 is already completed"), "\(cancelOld.stderr)")
@@ -192,7 +188,7 @@ import Testing
         #expect(
             cancelAgain.status == 1 && cancelAgain.stderr.contains("run 2 is already cancelled; nothing was changed"),
             "\(cancelAgain.stderr)")
-        #expect(try await runs() == ["1 completed", "2 cancelled"])
+        #expect(try await runs() == ["1 default completed", "2 default cancelled"])
 
         // A run of another flow or subject, or none, is not the run meant; 0 is no run id.
         for id in ["99", "1"] {
@@ -204,10 +200,10 @@ import Testing
                 "\(other.stderr)")
         }
         #expect(try await hopctl(["restart", "--flow", "startup", "--run", "0"], in: folder, db: db).status == 64)
-        #expect(try await runs() == ["1 completed", "2 cancelled"])
+        #expect(try await runs() == ["1 default completed", "2 default cancelled"])
         // The latest run, finished, is still the one a restart naming it starts over.
         #expect(try await hopctl(["restart", "--flow", "startup", "--run", "2"], in: folder, db: db).status == 0)
-        #expect(try await runs() == ["1 completed", "2 cancelled", "3 running"])
+        #expect(try await runs() == ["1 default completed", "2 default cancelled", "3 default running"])
     }
 
     @Test(arguments: TestBackend.all) func sessionLoginMovesARunWaitingOnLoginAndNeverPrintsTheToken(

@@ -17,6 +17,11 @@ func hopctlJSON(_ arguments: [String], in folder: TemporaryDirectory, db: String
     return try JSONSerialization.jsonObject(with: Data(result.stdout.utf8), options: [.fragmentsAllowed])
 }
 
+/// Every run of the startup flow in `store`, oldest first, as "id subject status".
+func startupRuns(in store: any HopAdministration) async throws -> [String] {
+    try await store.allRuns(flow: "startup").map { "\($0.id) \($0.subject) \($0.status.rawValue)" }
+}
+
 /// A database where the startup flow ran to the end once, in a daemon process (all steps in process).
 func completedStartup(_ folder: TemporaryDirectory, db: String? = nil) async throws {
     let result = try await run("hop-test-daemon", ["--db", db ?? folder.database], in: folder)
