@@ -561,10 +561,18 @@ extension PostgresStore: HopStorage {
     }
 
     @discardableResult
-    package func deleteSession(subject: String) async throws -> (removed: Bool, rerouted: [Int64]) {
+    package func deleteSession(subject: String, userID: String?) async throws -> (removed: Bool, rerouted: [Int64]) {
         try validate(subject, as: "subject")
+        if let userID { try validate(userID, as: "user id") }
         let operation = "delete session of \(subject)"
         return try await transaction(operation) { tx in
+            if let userID {
+                let stored = try await tx.queryOne(
+                    "SELECT user_id FROM sessions WHERE subject = $1 FOR UPDATE", [.text(subject)]
+                ) { try $0.text(0) }
+                try StorageRules(location: tx.location).checkSessionUser(
+                    userID, stored: stored, subject: subject, operation: operation)
+            }
             let removed = try await tx.run("DELETE FROM sessions WHERE subject = $1 RETURNING 1", [.text(subject)]) > 0
             let rerouted = try await tx.rerouteSessionSteps(
                 subject: subject, reason: "session-removed", operation: operation)

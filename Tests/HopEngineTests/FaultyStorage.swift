@@ -242,9 +242,9 @@ final class FaultyStorage: HopStorage {
         return try await base.storeSession(subject: subject, userID: userID, token: token, expiresAt: expiresAt)
     }
 
-    func deleteSession(subject: String) async throws -> (removed: Bool, rerouted: [Int64]) {
+    func deleteSession(subject: String, userID: String?) async throws -> (removed: Bool, rerouted: [Int64]) {
         try check()
-        return try await base.deleteSession(subject: subject)
+        return try await base.deleteSession(subject: subject, userID: userID)
     }
 
     func expireSessions(now: Date) async throws -> [Int64] {

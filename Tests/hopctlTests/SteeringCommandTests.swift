@@ -239,6 +239,50 @@ import Testing
         #expect(token.count == 64 && !generated.stdout.contains(token))
     }
 
+    /// `session logout --user alice` removes only alice's session: retried after bob logged in on
+    /// the same subject, it changes nothing, so bob's main step is not re-routed to login.
+    @Test(arguments: TestBackend.all) func aRetriedLogoutThatNamesItsUserNeverLogsOutTheNextUser(
+        backend: TestBackend
+    ) async throws {
+        let folder = try TemporaryDirectory()
+        let db = try await backend.location(folder)
+        let daemon = try ChildProcess("hop-test-daemon", ["--db", db, "--external", "--reroute"], directory: folder)
+        defer { daemon.kill() }
+        try await daemon.waitForOutput("parked onboarding")
+        #expect(
+            try await hopctl(["unhop", "--flow", "startup", "--step", "onboarding"], in: folder, db: db).status == 0)
+        let store = try await backend.open(folder)
+        func parkedOn(_ step: String, reroutes: Int) async throws {
+            try await waitUntil("the run parks on \(step) after \(reroutes) re-routes") {
+                let run = try await store.run(id: 1)
+                let done = try await store.history(runID: 1).filter { $0.kind == .reroute }.count
+                return run?.status == .parked && run?.currentStep == step && done == reroutes
+            }
+        }
+        try await parkedOn("login", reroutes: 0)
+        #expect(try await hopctl(["session", "login", "alice"], in: folder, db: db).status == 0)
+        try await parkedOn("main", reroutes: 0)
+
+        let logout = ["session", "logout", "--user", "alice"]
+        let first = try await hopctl(logout, in: folder, db: db)
+        #expect(first.status == 0 && first.stdout.contains("logged out default"), "\(first.stdout)\(first.stderr)")
+        try await parkedOn("login", reroutes: 1)
+        #expect(try await hopctl(["session", "login", "bob"], in: folder, db: db).status == 0)
+        try await parkedOn("main", reroutes: 1)
+
+        let again = try await hopctl(logout, in: folder, db: db)
+        #expect(again.status == 1, "a retried logout logged bob out")
+        #expect(
+            again.stderr.contains("the session of subject 'default' is not alice's; nothing was changed"),
+            "\(again.stderr)")
+        #expect(try await store.session(subject: "default")?.userID == "bob")
+        try await parkedOn("main", reroutes: 1)
+        // Without a session stored, there is nothing to refuse: it says so, as a plain logout does.
+        #expect(try await hopctl(["session", "logout", "--user", "bob"], in: folder, db: db).status == 0)
+        let none = try await hopctl(logout, in: folder, db: db)
+        #expect(none.status == 0 && none.stdout.contains("no session was stored"), "\(none.stdout)\(none.stderr)")
+    }
+
     @Test(arguments: TestBackend.all) func cancelStopsTheRunAndRestartStartsANewOneKeepingHistory(
         backend: TestBackend
     ) async throws {

@@ -300,9 +300,15 @@ public actor HopEngine {
 
     /// Removes the session of `subject` and re-routes the subject's runs parked on a step that
     /// lasts only while a session is stored (`WakeCondition/sessionRemoved`).
+    ///
+    /// - Parameters:
+    ///   - subject: whose session it is.
+    ///   - userID: the user whose session is meant, so that a retried call never logs out the
+    ///     next user: refused (`.refused`), changing nothing, when another user's is stored.
+    /// - Returns: whether a session was stored.
     @discardableResult
-    public func deleteSession(subject: String) async throws -> Bool {
-        let (removed, rerouted) = try await storage.deleteSession(subject: subject)
+    public func deleteSession(subject: String, userID: String? = nil) async throws -> Bool {
+        let (removed, rerouted) = try await storage.deleteSession(subject: subject, userID: userID)
         await execute(runIDs: rerouted)
         return removed
     }

@@ -117,12 +117,23 @@ extension HopStore {
     /// re-route the subject's parked steps that last only while a session is stored
     /// (``WakeCondition/sessionRemoved``).
     ///
+    /// - Parameter userID: the user whose session is meant, so that a retried logout never logs
+    ///   out the next user: refused, changing nothing, when another user's session is stored.
     /// - Returns: whether a session was stored, and the ids of the runs it re-routed.
     @discardableResult
-    public func deleteSession(subject: String) async throws -> (removed: Bool, rerouted: [Int64]) {
+    public func deleteSession(subject: String, userID: String? = nil) async throws -> (removed: Bool, rerouted: [Int64])
+    {
         try validate(subject, as: "subject")
+        if let userID { try validate(userID, as: "user id") }
         let operation = "delete session of \(subject)"
         return try await transaction(operation) { tx in
+            if let userID {
+                let stored = try tx.queryOne(
+                    "SELECT user_id FROM sessions WHERE subject = ?1", [.text(subject)], operation: operation
+                ) { $0.text(0) }
+                try StorageRules(location: tx.path).checkSessionUser(
+                    userID, stored: stored, subject: subject, operation: operation)
+            }
             let removed =
                 try tx.run("DELETE FROM sessions WHERE subject = ?1", [.text(subject)], operation: operation)
                 > 0

@@ -163,9 +163,10 @@ package protocol HopStorage: Sendable {
     /// Stores the session of `subject` and unhops its parked login steps; returns their runs.
     @discardableResult
     func storeSession(subject: String, userID: String, token: String, expiresAt: Date?) async throws -> [Int64]
-    /// Removes the session of `subject` and re-routes its steps that lasted while it was stored.
+    /// Removes the session of `subject` and re-routes its steps that lasted while it was stored;
+    /// with `userID`, refused, changing nothing, when another user's session is stored.
     @discardableResult
-    func deleteSession(subject: String) async throws -> (removed: Bool, rerouted: [Int64])
+    func deleteSession(subject: String, userID: String?) async throws -> (removed: Bool, rerouted: [Int64])
     /// Removes the sessions whose expiry has come, as logouts; returns the runs re-routed.
     @discardableResult
     func expireSessions(now: Date) async throws -> [Int64]
@@ -187,6 +188,12 @@ extension HopStorage {
         flow: String, subject: String, step: String, output: String? = nil
     ) async throws -> (run: RunRecord, unhop: HistoryEntry) {
         try await unhopParked(flow: flow, subject: subject, step: step, runID: nil, entry: nil, output: output)
+    }
+
+    /// Removes the session of `subject`, whoever's it is.
+    @discardableResult
+    package func deleteSession(subject: String) async throws -> (removed: Bool, rerouted: [Int64]) {
+        try await deleteSession(subject: subject, userID: nil)
     }
 
     /// The whole history of a run, in order.

@@ -183,6 +183,16 @@ package struct StorageRules: Sendable {
             hint: "Let it finish, or end it first with `hopctl cancel` (or start over with `hopctl restart`)")
     }
 
+    /// Checks that the session stored for `subject` (`stored`, its user; `nil` without one) is
+    /// `userID`'s, which a logout names so that a retried command never logs out the next user.
+    package func checkSessionUser(_ userID: String, stored: String?, subject: String, operation: String) throws {
+        guard let stored, stored != userID else { return }
+        throw refuse(
+            .refused, operation,
+            "the session of subject '\(subject)' is not \(userID)'s; nothing was changed (a retried command changes nothing)",
+            hint: "See whose it is with `hopctl session show --subject \(subject)`")
+    }
+
     /// Checks that the subject's latest run of the flow is the one a start expects (`latest`,
     /// the run as stored), so that a retried start starts no second run.
     package func checkLatest(

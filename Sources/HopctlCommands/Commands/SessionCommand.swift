@@ -111,15 +111,29 @@ struct SessionCommand: AsyncParsableCommand {
 
     struct Logout: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
-            commandName: "logout", abstract: "Remove the subject's stored session.")
+            commandName: "logout", abstract: "Remove the subject's stored session.",
+            discussion: """
+                With --user, only that user's session: a retried command never logs out a user who \
+                logged in after the first; it changes nothing and fails, saying so.
+                """)
 
         @OptionGroup var global: GlobalOptions
         @OptionGroup var subjectOption: SubjectOption
 
+        @Option(
+            help: ArgumentHelp(
+                "The user whose session is meant: refused, changing nothing, when another user's is stored.",
+                valueName: "user"))
+        var user: String?
+
+        func validate() throws {
+            if let user { try checkIdentifier(user, as: "user id") }
+        }
+
         func run() async throws {
             let store = try await global.openForWriting()
             let subject = subjectOption.subject
-            let (removed, rerouted) = try await store.deleteSession(subject: subject)
+            let (removed, rerouted) = try await store.deleteSession(subject: subject, userID: user)
             if removed {
                 Output.line("logged out \(Output.printable(subject)): the next start goes through login")
             } else {
