@@ -239,6 +239,39 @@ import Testing
         #expect(token.count == 64 && !generated.stdout.contains(token))
     }
 
+    /// `fork --run ID --from SEQ` tried again, once the run the first try made has finished (so
+    /// no unfinished run refuses it), changes nothing: the steps after SEQ never run a third time.
+    @Test(arguments: TestBackend.all) func aRetriedForkOfARunNeverForksItTwiceThroughTheSameEntry(
+        backend: TestBackend
+    ) async throws {
+        let folder = try TemporaryDirectory()
+        let db = try await backend.location(folder)
+        try await completedStartup(folder, db: db)
+        let store = try await backend.open(folder)
+        let history = try await store.history(runID: 1)
+        // Through splash's end: the new run takes splash as done and goes on from there.
+        let through = try #require(history.first { $0.kind == .unhop && $0.step == "splash" }?.seq)
+
+        let fork = ["fork", "--flow", "startup", "--run", "1", "--from", "\(through)"]
+        let first = try await hopctl(fork, in: folder, db: db)
+        #expect(first.status == 0 && first.stdout.contains("into run 2"), "\(first.stdout)\(first.stderr)")
+        try await completedStartup(folder, db: db)
+        #expect(try await startupRuns(in: store) == ["1 default completed", "2 default completed"])
+
+        let again = try await hopctl(fork, in: folder, db: db)
+        #expect(again.status == 1, "a retried fork forked the run a second time")
+        #expect(
+            again.stderr.contains("run 1 was already forked through entry \(through), into run 2; nothing was changed"),
+            "\(again.stderr)")
+        #expect(try await startupRuns(in: store) == ["1 default completed", "2 default completed"])
+        // Through another entry, it is another fork.
+        let later = try #require(history.last { $0.kind == .unhop }?.seq)
+        #expect(later > through)
+        let other = try await hopctl(
+            ["fork", "--flow", "startup", "--run", "1", "--from", "\(later)"], in: folder, db: db)
+        #expect(other.status == 0 && other.stdout.contains("into run 3"), "\(other.stdout)\(other.stderr)")
+    }
+
     /// `session logout --user alice` removes only alice's session: retried after bob logged in on
     /// the same subject, it changes nothing, so bob's main step is not re-routed to login.
     @Test(arguments: TestBackend.all) func aRetriedLogoutThatNamesItsUserNeverLogsOutTheNextUser(

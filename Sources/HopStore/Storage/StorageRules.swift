@@ -162,6 +162,18 @@ package struct StorageRules: Sendable {
                 hint:
                     "Choose an entry from `hopctl history --flow \(run.flow) --subject \(run.subject) --run \(run.id)`")
         }
+        // A fork through the same entry again (a retried command): the run it made may have
+        // finished, so no unfinished run refuses it; the entry that links the two does.
+        for entry in history where entry.kind == .fork {
+            guard let link = entry.value.flatMap({ try? JSONDecoder().decode(ForkLink.self, from: Data($0.utf8)) }),
+                let to = link.to, link.through == seq
+            else { continue }
+            throw refuse(
+                .refused, operation,
+                "run \(run.id) was already forked through entry \(seq), into run \(to); nothing was changed "
+                    + "(a retried command changes nothing)",
+                hint: "See that run with `hopctl history --flow \(run.flow) --subject \(run.subject) --run \(to)`")
+        }
         let taken = history.filter { $0.seq <= seq && $0.kind.isReplayed }
         if let hop = taken.last(where: { $0.kind == .hop }),
             !taken.contains(where: { $0.kind.endsStep && $0.token == hop.token })
@@ -287,4 +299,11 @@ package struct StorageRules: Sendable {
             }
         }
     }
+}
+
+/// The value of a `fork` entry: the run it was forked into (`to`, on the old run) or from
+/// (`from`, on the new one), and the entry of the old run it was forked through.
+private struct ForkLink: Decodable {
+    var to: Int64?
+    var through: Int64
 }
