@@ -103,6 +103,24 @@ extension PostgresStore: HopAdministration {
     }
 
     @discardableResult
+    package func resetFirstUse(subject: String, feature: String, ifUsedAt usedAt: Date) async throws -> Int {
+        try validate(subject, as: "subject")
+        try validate(feature, as: "feature name")
+        let operation = "reset first use of \(feature)"
+        return try await transaction(operation) { tx in
+            let stored = try await tx.queryOne(
+                "SELECT used_at FROM first_use WHERE subject = $1 AND feature = $2 FOR UPDATE",
+                [.text(subject), .text(feature)]
+            ) { try $0.int64(0) }
+            try StorageRules(location: tx.location).checkFlagUsedAt(
+                usedAt, stored: stored, feature: feature, subject: subject, operation: operation)
+            return try await tx.run(
+                "DELETE FROM first_use WHERE subject = $1 AND feature = $2 RETURNING 1",
+                [.text(subject), .text(feature)])
+        }
+    }
+
+    @discardableResult
     package func resetAllFirstUse(subject: String) async throws -> Int {
         try validate(subject, as: "subject")
         return try await transaction("reset first use") { tx in

@@ -359,4 +359,54 @@ import Testing
         #expect(try await hopctl(["reset-first-use"], in: folder, db: db).status == 64)
         #expect(try await hopctl(["reset-first-use", "x", "--all"], in: folder, db: db).status == 64)
     }
+
+    /// `reset-first-use F --if-used-at T` (T as `first-use list` shows it) clears the flag only
+    /// while it is the one set at T: retried once the flow has used F again, it changes nothing,
+    /// so onboarding is not shown a third time.
+    @Test(arguments: TestBackend.all) func aRetriedResetOfAFlagUsedAgainChangesNothing(
+        backend: TestBackend
+    ) async throws {
+        let folder = try TemporaryDirectory()
+        let db = try await backend.location(folder)
+        try await completedStartup(folder, db: db)
+        func usedAt() async throws -> String? {
+            let flags = try #require(
+                try await hopctlJSON(["first-use", "list"], in: folder, db: db) as? [[String: Any]])
+            return flags.first { $0["feature"] as? String == "onboarding" }?["used_at"] as? String
+        }
+        let first = try #require(try await usedAt())
+        let store = try await backend.open(folder)
+        // The flag of the first run must be older than the second's, to the second.
+        try await waitUntil("a second has passed since the flag was set") {
+            store.now().timeIntervalSince1970.rounded(.down)
+                > (try await store.firstUseFlags(subject: "default").first?.usedAt.timeIntervalSince1970 ?? 0)
+        }
+
+        let reset = ["reset-first-use", "onboarding", "--if-used-at", first]
+        let done = try await hopctl(reset, in: folder, db: db)
+        #expect(done.status == 0 && done.stdout.contains("1 flag cleared"), "\(done.stdout)\(done.stderr)")
+        try await completedStartup(folder, db: db)  // shows onboarding again, and marks it used
+        let second = try #require(try await usedAt())
+        #expect(second != first)
+
+        let again = try await hopctl(reset, in: folder, db: db)
+        #expect(again.status == 1, "a retried reset cleared the flag the second run set")
+        #expect(
+            again.stderr.contains(
+                "the first-use flag 'onboarding' of subject 'default' was set at \(second), not at \(first)")
+                && again.stderr.contains("nothing was changed"), "\(again.stderr)")
+        #expect(try await usedAt() == second)
+        // Before the flow used it again, the retry finds nothing to clear, as a plain reset does.
+        #expect(
+            try await hopctl(["reset-first-use", "onboarding", "--if-used-at", second], in: folder, db: db).status == 0)
+        let nothing = try await hopctl(reset, in: folder, db: db)
+        #expect(nothing.status == 0 && nothing.stdout.contains("nothing to clear"), "\(nothing.stdout)")
+        for bad in [
+            ["onboarding", "--if-used-at", "yesterday"], ["a", "b", "--if-used-at", first],
+            ["--all", "--if-used-at", first],
+        ] {
+            let refused = try await hopctl(["reset-first-use"] + bad, in: folder, db: db)
+            #expect(refused.status == 64 && refused.stderr.contains("--if-used-at"), "\(bad): \(refused.stderr)")
+        }
+    }
 }

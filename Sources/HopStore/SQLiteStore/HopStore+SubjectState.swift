@@ -53,6 +53,30 @@ extension HopStore {
         }
     }
 
+    /// Makes `feature` first-use again for `subject` only while its flag is the one set at
+    /// `usedAt`, to the second (as `hopctl first-use list` shows it): a retried reset never
+    /// clears the flag a flow set again after the first.
+    ///
+    /// - Returns: how many flags were cleared: 0 when none is set.
+    /// - Throws: `.refused`, changing nothing, when the flag was set at another time.
+    @discardableResult
+    public func resetFirstUse(subject: String, feature: String, ifUsedAt usedAt: Date) async throws -> Int {
+        try validate(subject, as: "subject")
+        try validate(feature, as: "feature name")
+        let operation = "reset first use of \(feature)"
+        return try await transaction(operation) { tx in
+            let stored = try tx.queryOne(
+                "SELECT used_at FROM first_use WHERE subject = ?1 AND feature = ?2", [.text(subject), .text(feature)],
+                operation: operation
+            ) { $0.int64(0) }
+            try StorageRules(location: tx.path).checkFlagUsedAt(
+                usedAt, stored: stored, feature: feature, subject: subject, operation: operation)
+            return try tx.run(
+                "DELETE FROM first_use WHERE subject = ?1 AND feature = ?2", [.text(subject), .text(feature)],
+                operation: operation)
+        }
+    }
+
     /// Makes every feature first-use again for `subject`; returns how many flags were cleared.
     @discardableResult
     public func resetAllFirstUse(subject: String) async throws -> Int {

@@ -29,6 +29,12 @@ package protocol HopAdministration: HopStorage {
     func firstUseFlags(subject: String) async throws -> [FirstUseFlag]
     /// Makes `features` first-use again for `subject`; returns how many were marked used.
     func resetFirstUse(subject: String, features: [String]) async throws -> Int
+    /// Makes `feature` first-use again for `subject` only while its flag is the one set at
+    /// `usedAt` (to the second, as `hopctl first-use list` shows it), so that a retried reset
+    /// never clears the flag a flow set again after the first; returns how many flags were
+    /// cleared (0 when none is set). Refused (`.refused`), changing nothing, for a flag set at
+    /// another time.
+    func resetFirstUse(subject: String, feature: String, ifUsedAt usedAt: Date) async throws -> Int
     /// Makes every feature first-use again for `subject`; returns how many flags were cleared.
     func resetAllFirstUse(subject: String) async throws -> Int
 

@@ -205,6 +205,27 @@ package struct StorageRules: Sendable {
             hint: "See whose it is with `hopctl session show --subject \(subject)`")
     }
 
+    /// Checks that the first-use flag of `feature` (`stored`, when it was set, in milliseconds;
+    /// `nil` without one) is the one set at `usedAt`, to the second, which a reset names so that
+    /// a retried command never clears the flag a flow set again after the first.
+    package func checkFlagUsedAt(
+        _ usedAt: Date, stored: Int64?, feature: String, subject: String, operation: String
+    ) throws {
+        guard let stored else { return }
+        let second = { (milliseconds: Int64) in milliseconds >= 0 ? milliseconds / 1000 : (milliseconds - 999) / 1000 }
+        guard second(stored) != second(Clock.milliseconds(usedAt)) else { return }
+        throw refuse(
+            .refused, operation,
+            "the first-use flag '\(feature)' of subject '\(subject)' was set at \(Self.iso8601(Clock.date(stored))), "
+                + "not at \(Self.iso8601(usedAt)): it was used again since; nothing was changed (a retried command changes nothing)",
+            hint: "See the flags with `hopctl first-use list --subject \(subject)`")
+    }
+
+    /// `date` to the second, as hopctl's JSON shows it (`2026-11-26T09:16:46Z`).
+    private static func iso8601(_ date: Date) -> String {
+        Date.ISO8601FormatStyle().format(date)
+    }
+
     /// Checks that the subject's latest run of the flow is the one a start expects (`latest`,
     /// the run as stored), so that a retried start starts no second run.
     package func checkLatest(

@@ -1,6 +1,12 @@
 import ArgumentParser
 import HopStore
 
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
+import Foundation
+#endif
+
 /// The flow and subject a steering command acts on.
 struct RunSelection: ParsableArguments {
     @Option(help: ArgumentHelp("The flow.", valueName: "flow"))
@@ -145,17 +151,47 @@ struct ResetFirstUse: AsyncParsableCommand {
     @Flag(help: "Reset every feature of the subject.")
     var all = false
 
+    @Option(
+        help: ArgumentHelp(
+            "With one feature, only while its flag is the one set at this time (as `hopctl first-use list` shows it, e.g. 2026-11-26T09:16:46Z): refused, changing nothing, once a flow has used it again.",
+            valueName: "time"))
+    var ifUsedAt: String?
+
     func validate() throws {
         if all && !features.isEmpty { throw ValidationError("name features or pass --all, not both") }
         if !all && features.isEmpty {
             throw ValidationError("name the features to reset (e.g. onboarding), or pass --all")
         }
         for feature in features { try checkIdentifier(feature, as: "feature name") }
+        if ifUsedAt != nil {
+            guard features.count == 1 else {
+                throw ValidationError("--if-used-at names the flag of one feature: name exactly one")
+            }
+            _ = try usedAt()
+        }
+    }
+
+    /// `--if-used-at` as a date, or why it is not one.
+    private func usedAt() throws -> Date? {
+        guard let ifUsedAt else { return nil }
+        guard let date = try? Date.ISO8601FormatStyle().parse(ifUsedAt) else {
+            throw ValidationError(
+                "--if-used-at takes a time as `hopctl first-use list --json` shows it, e.g. 2026-11-26T09:16:46Z")
+        }
+        return date
     }
 
     func run() async throws {
         let store = try await global.openForWriting()
         let subject = subjectOption.subject
+        if let usedAt = try usedAt(), let feature = features.first {
+            let count = try await store.resetFirstUse(subject: subject, feature: feature, ifUsedAt: usedAt)
+            return Output.line(
+                count > 0
+                    ? "\(Output.printable(feature)) is first-use again for \(Output.printable(subject)) (1 flag cleared)"
+                    : "no first-use flag was set for \(Output.printable(subject)) of \(Output.printable(feature)); nothing to clear"
+            )
+        }
         if all {
             let count = try await store.resetAllFirstUse(subject: subject)
             return Output.line(
