@@ -93,6 +93,14 @@ extension HopEngine: Service {
     static let longestStartUpRetry = Duration.seconds(5)
     /// While the watch's polls fail, one line about it this often at most.
     static let failureReportEvery = Duration.seconds(10)
+    /// What the watch and the lease renewals say while they fail (see ``RepeatedFailures``).
+    static let watchLines = RepeatedFailures.Lines(
+        first: "cannot check the database for changes; trying again at each poll",
+        still: "the database still fails", over: "the database answers again")
+    static let renewalLines = RepeatedFailures.Lines(
+        first: "cannot renew the leases of the runs this engine executes; trying again at each renewal",
+        still: "the leases still cannot be renewed",
+        over: "the leases of the runs this engine executes are renewed again")
 
     private func watch() async {
         var seen = (try? await storage.changeVersion()) ?? 0
@@ -118,25 +126,11 @@ extension HopEngine: Service {
                     try await stopRunsFinishedElsewhere()
                     try await resumeClaimable()
                 }
-                if let outage = failures.succeeded(at: .now) {
-                    logger.notice(
-                        "the database answers again",
-                        metadata: ["hop.failures": "\(outage.failures)", "hop.outage": "\(outage.lasted)"])
-                }
+                failures.logSuccess(to: logger, Self.watchLines)
             } catch is CancellationError {
                 return
             } catch {
-                switch failures.failed(at: .now) {
-                case .first:
-                    logger.error(
-                        "cannot check the database for changes; trying again at each poll",
-                        metadata: ["hop.error": "\(error)"])
-                case .still(let count):
-                    logger.error(
-                        "the database still fails",
-                        metadata: ["hop.error": "\(error)", "hop.failures": "\(count)"])
-                case nil: break
-                }
+                failures.log(error, to: logger, Self.watchLines)
                 // What failed may have left a run to resume (a timed-out step's run not read
                 // back, a batch let go): look at the next poll, not a third of a lease later.
                 lastLook = .now - lookEvery
@@ -157,25 +151,11 @@ extension HopEngine: Service {
                 try await Task.sleep(for: configuration.leaseDuration / 3)
                 let held = environment.holdings.withLock { Array($0.held) }
                 try await storage.renewLeases(owner: id, runIDs: held, until: environment.leaseEnd)
-                if let outage = failures.succeeded(at: .now) {
-                    logger.notice(
-                        "the leases of the runs this engine executes are renewed again",
-                        metadata: ["hop.failures": "\(outage.failures)", "hop.outage": "\(outage.lasted)"])
-                }
+                failures.logSuccess(to: logger, Self.renewalLines)
             } catch is CancellationError {
                 return
             } catch {
-                switch failures.failed(at: .now) {
-                case .first:
-                    logger.error(
-                        "cannot renew the leases of the runs this engine executes; trying again at each renewal",
-                        metadata: ["hop.error": "\(error)"])
-                case .still(let count):
-                    logger.error(
-                        "the leases still cannot be renewed",
-                        metadata: ["hop.error": "\(error)", "hop.failures": "\(count)"])
-                case nil: break
-                }
+                failures.log(error, to: logger, Self.renewalLines)
             }
         }
     }

@@ -1,3 +1,5 @@
+import Logging
+
 /// How a loop that tries the database at every turn says that it fails: the first failure at
 /// once, then one line every ``every`` with how many failed since, and one line when it succeeds
 /// again. The watch polls twenty times a second: an outage logged at every poll buried
@@ -43,5 +45,32 @@ struct RepeatedFailures {
         guard let since else { return nil }
         defer { self = RepeatedFailures(every: every) }
         return (failures, now - since)
+    }
+}
+
+extension RepeatedFailures {
+    /// What a loop says about an outage, in its own words: its first failure, a failure since,
+    /// and its end.
+    struct Lines {
+        let first: Logger.Message
+        let still: Logger.Message
+        let over: Logger.Message
+    }
+
+    /// Notes `error`, now, and logs what ``failed(at:)`` says to.
+    mutating func log(_ error: any Error, to logger: Logger, _ lines: Lines) {
+        switch failed(at: .now) {
+        case .first: logger.error(lines.first, metadata: ["hop.error": "\(error)"])
+        case .still(let count):
+            logger.error(lines.still, metadata: ["hop.error": "\(error)", "hop.failures": "\(count)"])
+        case nil: break
+        }
+    }
+
+    /// Notes a success, now, and logs the end of an outage (a notice with how many failed and
+    /// for how long) when it ends one.
+    mutating func logSuccess(to logger: Logger, _ lines: Lines) {
+        guard let outage = succeeded(at: .now) else { return }
+        logger.notice(lines.over, metadata: ["hop.failures": "\(outage.failures)", "hop.outage": "\(outage.lasted)"])
     }
 }
