@@ -63,11 +63,8 @@ extension PostgresStore: HopStorage {
         let operation = "cancel \(flow) for \(subject)"
         return try await transaction(operation) { tx in
             let unfinished = try await tx.unfinishedRun(flow: flow, subject: subject)
-            if let runID {
-                try StorageRules(location: tx.location).checkNamedRun(
-                    runID, named: unfinished?.id == runID ? unfinished : try await tx.run(id: runID),
-                    current: unfinished, flow: flow, subject: subject, verb: "cancel", operation: operation)
-            }
+            try await tx.checkNamedRun(
+                runID, current: unfinished, flow: flow, subject: subject, verb: "cancel", operation: operation)
             guard let run = unfinished else {
                 throw tx.noUnfinishedRun(flow: flow, subject: subject, operation: operation)
             }
@@ -189,11 +186,8 @@ extension PostgresStore: HopStorage {
         let operation = "restart \(flow) for \(subject)"
         return try await transaction(operation) { tx in
             let latest = try await tx.requireLatestRun(flow: flow, subject: subject, operation: operation)
-            if let runID {
-                try StorageRules(location: tx.location).checkNamedRun(
-                    runID, named: runID == latest.id ? latest : try await tx.run(id: runID), current: latest,
-                    flow: flow, subject: subject, verb: "restart", operation: operation)
-            }
+            try await tx.checkNamedRun(
+                runID, current: latest, flow: flow, subject: subject, verb: "restart", operation: operation)
             if latest.status.isUnfinished {
                 try await tx.append(runID: latest.id, .restart, step: latest.currentStep, value: "restarted")
                 try await tx.setStatus(latest.id, .cancelled)
@@ -303,11 +297,8 @@ extension PostgresStore: HopStorage {
         try rules.checkEntryNamesItsRun(entry: entry, runID: runID, operation: operation)
         return try await transaction(operation) { tx in
             let unfinished = try await tx.unfinishedRun(flow: flow, subject: subject)
-            if let runID {
-                try rules.checkNamedRun(
-                    runID, named: unfinished?.id == runID ? unfinished : try await tx.run(id: runID),
-                    current: unfinished, flow: flow, subject: subject, verb: "unhop", operation: operation)
-            }
+            try await tx.checkNamedRun(
+                runID, current: unfinished, flow: flow, subject: subject, verb: "unhop", operation: operation)
             guard let run = unfinished else {
                 throw tx.noUnfinishedRun(flow: flow, subject: subject, operation: operation)
             }

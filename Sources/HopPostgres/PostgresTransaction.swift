@@ -61,6 +61,18 @@ struct PostgresTransaction: Sendable {
             [.text(flow), .text(subject)], RunRecord.init(pg:))
     }
 
+    /// Checks run `runID`, when a steering command names it so that a retry changes nothing,
+    /// against `current`, the run the command acts on (`StorageRules.checkNamedRun`): the
+    /// named run is read only when it is another.
+    func checkNamedRun(
+        _ runID: Int64?, current: RunRecord?, flow: String, subject: String, verb: String, operation: String
+    ) async throws {
+        guard let runID else { return }
+        try StorageRules(location: location).checkNamedRun(
+            runID, named: current?.id == runID ? current : try await run(id: runID), current: current, flow: flow,
+            subject: subject, verb: verb, operation: operation)
+    }
+
     /// The newest run of `flow` for `subject`, finished or not, its row locked.
     func latestRun(flow: String, subject: String) async throws -> RunRecord? {
         try await queryOne(

@@ -70,11 +70,8 @@ extension HopStore {
         try rules.checkEntryNamesItsRun(entry: entry, runID: runID, operation: operation)
         return try await transaction(operation) { tx in
             let unfinished = try tx.unfinishedRun(flow: flow, subject: subject, operation: operation)
-            if let runID {
-                try rules.checkNamedRun(
-                    runID, named: unfinished?.id == runID ? unfinished : try tx.run(id: runID, operation: operation),
-                    current: unfinished, flow: flow, subject: subject, verb: "unhop", operation: operation)
-            }
+            try tx.checkNamedRun(
+                runID, current: unfinished, flow: flow, subject: subject, verb: "unhop", operation: operation)
             guard let run = unfinished else {
                 throw tx.noUnfinishedRun(flow: flow, subject: subject, operation: operation)
             }

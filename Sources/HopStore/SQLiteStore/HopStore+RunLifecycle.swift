@@ -101,11 +101,8 @@ extension HopStore {
         let operation = "cancel \(flow) for \(subject)"
         return try await transaction(operation) { tx in
             let unfinished = try tx.unfinishedRun(flow: flow, subject: subject, operation: operation)
-            if let runID {
-                try StorageRules(location: tx.path).checkNamedRun(
-                    runID, named: unfinished?.id == runID ? unfinished : try tx.run(id: runID, operation: operation),
-                    current: unfinished, flow: flow, subject: subject, verb: "cancel", operation: operation)
-            }
+            try tx.checkNamedRun(
+                runID, current: unfinished, flow: flow, subject: subject, verb: "cancel", operation: operation)
             guard let run = unfinished else {
                 throw tx.noUnfinishedRun(flow: flow, subject: subject, operation: operation)
             }
@@ -133,11 +130,8 @@ extension HopStore {
         let operation = "restart \(flow) for \(subject)"
         return try await transaction(operation) { tx in
             let latest = try tx.requireLatestRun(flow: flow, subject: subject, operation: operation)
-            if let runID {
-                try StorageRules(location: tx.path).checkNamedRun(
-                    runID, named: runID == latest.id ? latest : try tx.run(id: runID, operation: operation),
-                    current: latest, flow: flow, subject: subject, verb: "restart", operation: operation)
-            }
+            try tx.checkNamedRun(
+                runID, current: latest, flow: flow, subject: subject, verb: "restart", operation: operation)
             if latest.status.isUnfinished {
                 try tx.append(
                     runID: latest.id, .restart, step: latest.currentStep, value: "restarted", operation: operation)

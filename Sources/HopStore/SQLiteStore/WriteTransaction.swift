@@ -189,6 +189,18 @@ extension WriteTransaction {
         return try requireRun(connection.lastInsertedRowID, operation: operation)
     }
 
+    /// Checks run `runID`, when a steering command names it so that a retry changes nothing,
+    /// against `current`, the run the command acts on (``StorageRules/checkNamedRun``): the
+    /// named run is read only when it is another.
+    func checkNamedRun(
+        _ runID: Int64?, current: RunRecord?, flow: String, subject: String, verb: String, operation: String
+    ) throws {
+        guard let runID else { return }
+        try StorageRules(location: path).checkNamedRun(
+            runID, named: current?.id == runID ? current : try run(id: runID, operation: operation), current: current,
+            flow: flow, subject: subject, verb: verb, operation: operation)
+    }
+
     /// The newest run of `flow` for `subject`, finished or not.
     func latestRun(flow: String, subject: String, operation: String) throws -> RunRecord? {
         try queryOne(
