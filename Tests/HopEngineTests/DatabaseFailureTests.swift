@@ -333,25 +333,39 @@ import Testing
         #expect(logs.texts().contains { $0.contains("engine stopped before it was running") })
     }
 
+    /// The start-up flow's engine on a SQLite storage that fails the calls a test names, with
+    /// its logs kept, running (`configuration` with an observer of its own) and reported ready.
+    /// Cancel the service when done.
+    static func readyEngine(
+        _ folder: TemporaryDirectory, configuration: HopEngine.Configuration = .init()
+    ) async throws -> (storage: FaultyStorage, logs: InMemoryLogHandler, service: Task<Void, any Error>) {
+        let storage = FaultyStorage(try await TestBackend.sqlite.open(folder))
+        let logs = InMemoryLogHandler.keepingEverything()
+        let ready = Atomic<Bool>(false)
+        var configuration = configuration
+        configuration.observer = { if case .ready = $0 { ready.store(true, ordering: .sequentiallyConsistent) } }
+        let engine = try await startupEngine(
+            folder, logger: logs.logger(label: "test"), storage: storage, configuration: configuration)
+        let service = Task { try await engine.run() }
+        do {
+            try await HopStoreTestSupport.waitUntil("the engine reports ready", timeout: .seconds(30)) {
+                ready.load(ordering: .sequentiallyConsistent)
+            }
+        } catch {
+            service.cancel()
+            throw error
+        }
+        return (storage, logs, service)
+    }
+
     /// A database that fails at every poll of the watch for a while (250 polls here, 12.5 s or
     /// more) is said once, then again every 10 s while it lasts, and once more when it answers
     /// again, with how many polls failed. Before, the watch logged each failed poll: 20 lines a
     /// second for as long as an outage lasts.
     @Test func aDatabaseThatFailsAtEveryPollIsSaidOnceAndWhenItAnswersAgain() async throws {
         let folder = try TemporaryDirectory()
-        let storage = FaultyStorage(try await TestBackend.sqlite.open(folder))
-        let logs = InMemoryLogHandler.keepingEverything()
-        let ready = Atomic<Bool>(false)
-        let engine = try await startupEngine(
-            folder, logger: logs.logger(label: "test"), storage: storage,
-            configuration: .init(observer: {
-                if case .ready = $0 { ready.store(true, ordering: .sequentiallyConsistent) }
-            }))
-        let service = Task { try await engine.run() }
+        let (storage, logs, service) = try await Self.readyEngine(folder)
         defer { service.cancel() }
-        try await HopStoreTestSupport.waitUntil("the engine reports ready", timeout: .seconds(30)) {
-            ready.load(ordering: .sequentiallyConsistent)
-        }
 
         let outageBegan = ContinuousClock.now
         storage.fail("changeVersion()", times: 250)
@@ -381,19 +395,9 @@ import Testing
     /// own line: every 3.3 s, with the default lease, for as long as it lasted.
     @Test func leaseRenewalsThatFailAreSaidOnceAndWhenTheySucceedAgain() async throws {
         let folder = try TemporaryDirectory()
-        let storage = FaultyStorage(try await TestBackend.sqlite.open(folder))
-        let logs = InMemoryLogHandler.keepingEverything()
-        let ready = Atomic<Bool>(false)
-        let engine = try await startupEngine(
-            folder, logger: logs.logger(label: "test"), storage: storage,
-            configuration: .init(
-                leaseDuration: HopEngine.Configuration.shortestLeaseDuration,
-                observer: { if case .ready = $0 { ready.store(true, ordering: .sequentiallyConsistent) } }))
-        let service = Task { try await engine.run() }
+        let (storage, logs, service) = try await Self.readyEngine(
+            folder, configuration: .init(leaseDuration: HopEngine.Configuration.shortestLeaseDuration))
         defer { service.cancel() }
-        try await HopStoreTestSupport.waitUntil("the engine reports ready", timeout: .seconds(30)) {
-            ready.load(ordering: .sequentiallyConsistent)
-        }
 
         let failures = 12
         let renewal = "renewLeases(owner:runIDs:until:)"
