@@ -115,10 +115,7 @@ import Testing
     @Test(arguments: TestBackend.all) func aRetriedStartThatNamesTheLatestRunNeverStartsASecondRun(
         backend: TestBackend
     ) async throws {
-        let folder = try TemporaryDirectory()
-        let db = try await backend.location(folder)
-        try await completedStartup(folder, db: db)
-        let store = try await backend.open(folder)
+        let (folder, db, store) = try await completedStartup(on: backend)
         func runs() async throws -> [String] { try await startupRuns(in: store) }
 
         let start = ["start", "--flow", "startup", "--latest", "1"]
@@ -163,10 +160,7 @@ import Testing
     @Test(arguments: TestBackend.all) func aRetriedRestartOrCancelThatNamesItsRunChangesNothing(
         backend: TestBackend
     ) async throws {
-        let folder = try TemporaryDirectory()
-        let db = try await backend.location(folder)
-        try await completedStartup(folder, db: db)
-        let store = try await backend.open(folder)
+        let (folder, db, store) = try await completedStartup(on: backend)
         func runs() async throws -> [String] { try await startupRuns(in: store) }
 
         let restart = ["restart", "--flow", "startup", "--run", "1"]
@@ -244,10 +238,7 @@ import Testing
     @Test(arguments: TestBackend.all) func aRetriedForkOfARunNeverForksItTwiceThroughTheSameEntry(
         backend: TestBackend
     ) async throws {
-        let folder = try TemporaryDirectory()
-        let db = try await backend.location(folder)
-        try await completedStartup(folder, db: db)
-        let store = try await backend.open(folder)
+        let (folder, db, store) = try await completedStartup(on: backend)
         let history = try await store.history(runID: 1)
         // Through splash's end: the new run takes splash as done and goes on from there.
         let through = try #require(history.first { $0.kind == .unhop && $0.step == "splash" }?.seq)

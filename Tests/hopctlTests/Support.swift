@@ -22,6 +22,17 @@ func startupRuns(in store: any HopAdministration) async throws -> [String] {
     try await store.allRuns(flow: "startup").map { "\($0.id) \($0.subject) \($0.status.rawValue)" }
 }
 
+/// A new database of `backend` where the startup flow ran to the end once (run 1), in a
+/// daemon process: its folder, its location for hopctl and the store open on it.
+func completedStartup(
+    on backend: TestBackend
+) async throws -> (folder: TemporaryDirectory, db: String, store: any HopAdministration) {
+    let folder = try TemporaryDirectory()
+    let db = try await backend.location(folder)
+    try await completedStartup(folder, db: db)
+    return (folder, db, try await backend.open(folder))
+}
+
 /// A database where the startup flow ran to the end once, in a daemon process (all steps in process).
 func completedStartup(_ folder: TemporaryDirectory, db: String? = nil) async throws {
     let result = try await run("hop-test-daemon", ["--db", db ?? folder.database], in: folder)
