@@ -148,8 +148,12 @@ import Testing
         try await other.waitForOutput("ready")
         try await Self.freeze(owner, outsideItsTransactionsOn: backend, folder)
         let store = try await backend.open(folder)
-        // Frozen with its unhop held: nothing of the step's end is in the database.
-        #expect(try await store.history(runID: 1).map(\.kind) == [.hop])
+        // Frozen with its unhop held: nothing of the step's end is in the database. B may have
+        // taken the run over already: on a loaded machine, the freeze can come late in A's lease,
+        // and this read later still. (Once, in the full suite, the history read here was not
+        // the hop alone; it was not printed then, and is now.)
+        let frozen = try await store.history(runID: 1)
+        #expect(frozen.first?.kind == .hop && frozen.dropFirst().allSatisfy { $0.kind == .takeover }, "\(frozen)")
         try await waitUntil("B took the run over and entered splash again", timeout: .seconds(30)) {
             bodyLines(in: folder).filter { $0 == "1 splash" }.count == 2
         }
