@@ -10,6 +10,11 @@ import Synchronization
 ///
 /// It follows its run wherever it is executed: another daemon on the same database may execute
 /// it, and `hopctl` may cancel, restart or finish it; a restart is followed to the new run.
+///
+/// While the database fails in a way that may pass (a busy file, a PostgreSQL server away or
+/// refusing), it says so once and waits: its looks at the run are tried again at the next
+/// tick, and what it needs to begin, every second. It never ends on such a failure: the engine
+/// goes on with the run once the database answers again.
 struct DemoService: Service {
     /// What the service reacts to: the engine's events, and a regular look at the stored run.
     enum Event: Sendable {
@@ -33,16 +38,24 @@ struct DemoService: Service {
     let startWhen: AsyncStream<Void>
 
     func run() async throws {
+        do {
+            try await follow()
+        } catch is CancellationError {
+            // Shut down while it waited for the database to begin: the run stays resumable.
+        }
+    }
+
+    private func follow() async throws {
         // A group shut down before (the metrics server could not listen): no run is begun.
         guard await startWhen.cancelOnGracefulShutdown().first(where: { true }) != nil else { return }
-        let existing = try await store.latestRun(flow: "startup", subject: subject)
+        let existing = try await retrying { try await store.latestRun(flow: "startup", subject: subject) }
         var past: Int64 = 0
         if let existing, existing.status.isUnfinished {
-            past = try await store.history(runID: existing.id, limit: 1).last?.seq ?? 0
+            past = try await retrying { try await store.history(runID: existing.id, limit: 1).last?.seq ?? 0 }
             let at = existing.currentStep.map { "at \($0)" } ?? "from its last step"
             narrator.say("resuming run \(existing.id) of startup for \(subject) \(at)")
         }
-        var run = try await engine.start("startup", subject: subject)
+        var run = try await retrying { try await engine.start("startup", subject: subject) }
         if existing?.id != run.id { narrator.say("run \(run.id) of startup for \(subject): started") }
         var parkedStep: String?
         // The last history entry of the run told: a resumed run's past is not told again.
@@ -62,59 +75,68 @@ struct DemoService: Service {
         defer { ticker.cancel() }
 
         for await event in events.cancelOnGracefulShutdown() {
-            switch event {
-            case .engine(.recorded(let reference, let entry)) where reference.id == run.id && entry.seq > narrated:
-                narrator.recorded(entry, subject: subject)
-                narrated = entry.seq
-            case .engine(.settled(let record)) where record.id == run.id && record.status == .parked:
-                if record.currentStep != parkedStep {
-                    parkedStep = record.currentStep
-                    try await parked(on: record.currentStep ?? "?")
-                }
-            case .engine(.executing(let reference, _)) where reference.id == run.id:
-                if let step = parkedStep {
-                    narrator.say("\(step) finished: run \(run.id) continues")
-                    parkedStep = nil
-                }
-            case .engine(.settled), .tick:
-                // Settled here, or changed elsewhere: a restart is followed, an end is reported.
-                guard let latest = try await store.latestRun(flow: "startup", subject: subject) else { continue }
-                if latest.id != run.id {
-                    narrator.say("run \(run.id) was restarted by another process as run \(latest.id): following it")
-                    run = latest
-                    parkedStep = nil
-                    narrated = 0
-                    ending = false
-                    // What the new run recorded before this look: its events went by while this
-                    // service followed the old run.
-                    for entry in try await store.history(runID: run.id) {
-                        narrator.recorded(entry, subject: subject)
-                        narrated = entry.seq
-                    }
-                    if let current = try await store.run(id: run.id), current.status == .parked,
-                        let step = current.currentStep
-                    {
-                        parkedStep = step
-                        try await parked(on: step)
-                    }
-                    continue
-                }
-                if !latest.status.isUnfinished && !ending {
-                    // Once this engine has settled the run, its events are all queued: tell them first.
-                    ending = true
-                    _ = try await engine.settled(runID: run.id)
-                    ticks.yield(.end)
-                }
-            case .end:
-                guard let latest = try await store.run(id: run.id) else { continue }
-                // What another process recorded (this one's entries were told as they came).
-                for entry in try await store.history(runID: run.id) where entry.seq > narrated {
+            do {
+                switch event {
+                case .engine(.databaseFailing(let error)):
+                    narrator.say("the database fails (\(error.code)): the run waits until it answers")
+                case .engine(.databaseAnswers):
+                    narrator.say("the database answers again")
+                case .engine(.recorded(let reference, let entry)) where reference.id == run.id && entry.seq > narrated:
                     narrator.recorded(entry, subject: subject)
+                    narrated = entry.seq
+                case .engine(.settled(let record)) where record.id == run.id && record.status == .parked:
+                    if record.currentStep != parkedStep {
+                        parkedStep = record.currentStep
+                        try await parked(on: record.currentStep ?? "?")
+                    }
+                case .engine(.executing(let reference, _)) where reference.id == run.id:
+                    if let step = parkedStep {
+                        narrator.say("\(step) finished: run \(run.id) continues")
+                        parkedStep = nil
+                    }
+                case .engine(.settled), .tick:
+                    // Settled here, or changed elsewhere: a restart is followed, an end is reported.
+                    guard let latest = try await store.latestRun(flow: "startup", subject: subject) else { continue }
+                    if latest.id != run.id {
+                        narrator.say("run \(run.id) was restarted by another process as run \(latest.id): following it")
+                        run = latest
+                        parkedStep = nil
+                        narrated = 0
+                        ending = false
+                        // What the new run recorded before this look: its events went by while this
+                        // service followed the old run.
+                        for entry in try await store.history(runID: run.id) {
+                            narrator.recorded(entry, subject: subject)
+                            narrated = entry.seq
+                        }
+                        if let current = try await store.run(id: run.id), current.status == .parked,
+                            let step = current.currentStep
+                        {
+                            parkedStep = step
+                            try await parked(on: step)
+                        }
+                        continue
+                    }
+                    if !latest.status.isUnfinished && !ending {
+                        // Once this engine has settled the run, its events are all queued: tell them first.
+                        _ = try await engine.settled(runID: run.id)
+                        ending = true
+                        ticks.yield(.end)
+                    }
+                case .end:
+                    guard let latest = try await store.run(id: run.id) else { continue }
+                    // What another process recorded (this one's entries were told as they came).
+                    for entry in try await store.history(runID: run.id) where entry.seq > narrated {
+                        narrator.recorded(entry, subject: subject)
+                    }
+                    outcome.status.withLock { $0 = latest.status }
+                    try await summary(latest)
+                    return
+                default: continue
                 }
-                outcome.status.withLock { $0 = latest.status }
-                try await summary(latest)
-                return
-            default: continue
+            } catch let error as HopError where error.mayPass {
+                // Looked at again at the next tick; the engine said the database fails.
+                if case .end = event { ending = false }  // the next tick sees the end again
             }
         }
         if let record = try await store.run(id: run.id), record.status.isUnfinished {
@@ -128,14 +150,34 @@ struct DemoService: Service {
         narrator.note("--auto: finishing \(step) in a moment")
         try await Task.sleep(for: .seconds(1))
         do {
-            if step == "login" {
-                guard try await store.session(subject: subject) == nil else { return }
-                try await engine.storeSession(subject: subject, userID: "alice", token: Token.random(byteCount: 32))
-            } else {
-                try await engine.unhop(flow: "startup", subject: subject, step: step, output: ["accepted": true])
+            try await retrying {
+                if step == "login" {
+                    guard try await store.session(subject: subject) == nil else { return }
+                    try await engine.storeSession(
+                        subject: subject, userID: "alice", token: Token.random(byteCount: 32))
+                } else {
+                    try await engine.unhop(flow: "startup", subject: subject, step: step, output: ["accepted": true])
+                }
             }
         } catch let error as HopError where error.code == .refused || error.code == .notFound {
             narrator.note("--auto: \(step) was finished by another process")  // a second daemon on this database
+        }
+    }
+
+    /// `body`, tried again every second while the database fails in a way that may pass (said
+    /// once); throws `CancellationError` when the service is shut down meanwhile.
+    private func retrying<Value: Sendable>(_ body: () async throws -> Value) async throws -> Value {
+        var said = false
+        while true {
+            do {
+                return try await body()
+            } catch let error as HopError where error.mayPass {
+                if !said {
+                    narrator.note("cannot read or write the database (\(error.code)); trying again every second")
+                    said = true
+                }
+                try await cancelWhenGracefulShutdown { try await Task.sleep(for: .seconds(1)) }
+            }
         }
     }
 

@@ -89,14 +89,14 @@ struct HopDemo: AsyncParsableCommand {
         }
         if metrics == nil { listened.yield() }
         let (events, continuation) = AsyncStream.makeStream(of: DemoService.Event.self)
-        let systemd = SystemdNotifier()
+        let systemd = SystemdNotifier().map(SystemdStatus.init)
         let store = try await HopDatabase.open(path, logger: logger)
         let engine = HopEngine(
             database: store, logger: logger,
             configuration: .init(
                 observer: { event in
                     continuation.yield(.engine(event))
-                    if let systemd { Self.report(event, to: systemd) }
+                    systemd?.report(event)
                 },
                 engineID: "hop-demo@\(ProcessInfo.processInfo.hostName)"))
         registerStartupSteps(on: engine, newest: flowVersion)
@@ -118,7 +118,7 @@ struct HopDemo: AsyncParsableCommand {
                 gracefulShutdownSignals: [.sigterm, .sigint],
                 logger: logger))
         try await group.run()
-        systemd?.notify("STOPPING=1")
+        systemd?.systemd.notify("STOPPING=1")
         continuation.finish()
         // A run that failed or diverged needs an operator: say so with the exit status.
         if let status = outcome.status.withLock({ $0 }), status == .failed || status == .diverged {
@@ -126,19 +126,38 @@ struct HopDemo: AsyncParsableCommand {
         }
     }
 
-    /// Under systemd (`Type=notify`): ready once the engine has resumed its runs; the status
-    /// line shows the step the start-up flow is at.
-    static func report(_ event: EngineEvent, to systemd: SystemdNotifier) {
+}
+
+/// Under systemd (`Type=notify`): ready once the engine has resumed its runs; the status line
+/// shows the step the start-up flow is at, or that the daemon waits for its database (and the
+/// step again once the database answers).
+final class SystemdStatus: Sendable {
+    let systemd: SystemdNotifier
+    /// The flow's last status line, shown again when the database answers.
+    private let flowStatus = Mutex<String?>(nil)
+
+    init(_ systemd: SystemdNotifier) { self.systemd = systemd }
+
+    func report(_ event: EngineEvent) {
         switch event {
         case .ready:
             systemd.notify("READY=1")
         case .recorded(let run, let entry) where entry.kind == .hop && run.flow == "startup":
-            systemd.notify("STATUS=startup for \(run.subject) at \(entry.step ?? "?")")
+            show("STATUS=startup for \(run.subject) at \(entry.step ?? "?")")
         case .settled(let run) where run.flow == "startup":
-            systemd.notify(
-                "STATUS=startup for \(run.subject) \(run.status.rawValue)\(run.currentStep.map { " at \($0)" } ?? "")")
+            show("STATUS=startup for \(run.subject) \(run.status.rawValue)\(run.currentStep.map { " at \($0)" } ?? "")")
+        case .databaseFailing(let error):
+            // The code, not the whole error: a status line is one short line.
+            systemd.notify("STATUS=waiting for the database (\(error.code)); the run goes on once it answers")
+        case .databaseAnswers:
+            if let status = flowStatus.withLock({ $0 }) { systemd.notify(status) }
         default:
             break
         }
+    }
+
+    private func show(_ status: String) {
+        flowStatus.withLock { $0 = status }
+        systemd.notify(status)
     }
 }

@@ -55,6 +55,7 @@ import FoundationNetworking
         for line in [
             "# TYPE hop_hops_total counter", "hop_hops_total 2", "hop_unhops_total 1", "hop_resumes_total 0",
             "# TYPE hop_step_duration_seconds histogram", "hop_step_duration_seconds_count{step=\"splash\"} 1",
+            "# TYPE hop_database_up gauge", "hop_database_up 1.0",
         ] {
             #expect(lines.contains(line), "no \"\(line)\" in:\n\(parked.body)")
         }

@@ -5,6 +5,7 @@ import HopStoreTestSupport
 import HopTestSupport
 import InMemoryLogging
 import Logging
+import MetricsTestKit
 import ServiceLifecycleTestKit
 import Synchronization
 import Testing
@@ -334,7 +335,7 @@ import Testing
     }
 
     /// The start-up flow's engine on a SQLite storage that fails the calls a test names, with
-    /// its logs kept, running (`configuration` with an observer of its own) and reported ready.
+    /// its logs kept, running and reported ready (`configuration`'s observer is told too).
     /// Cancel the service when done.
     static func readyEngine(
         _ folder: TemporaryDirectory, configuration: HopEngine.Configuration = .init()
@@ -343,7 +344,11 @@ import Testing
         let logs = InMemoryLogHandler.keepingEverything()
         let ready = Atomic<Bool>(false)
         var configuration = configuration
-        configuration.observer = { if case .ready = $0 { ready.store(true, ordering: .sequentiallyConsistent) } }
+        let observer = configuration.observer
+        configuration.observer = { event in
+            if case .ready = event { ready.store(true, ordering: .sequentiallyConsistent) }
+            observer?(event)
+        }
         let engine = try await startupEngine(
             folder, logger: logs.logger(label: "test"), storage: storage, configuration: configuration)
         let service = Task { try await engine.run() }
@@ -387,6 +392,64 @@ import Testing
             answered.count == 1
                 && ["250,", "250]", "249,", "249]"].contains { answered[0].contains("\"hop.failures\": " + $0) },
             "\(answered)")
+    }
+
+    /// An outage of the database is reported to the observer and in the metrics, once as it
+    /// begins and once as it ends, whatever the number of polls it fails: an embedder's health
+    /// check or status line can say the daemon waits for its database, and an operator's alert
+    /// can fire on `hop_database_up == 0`. Before, only the log said so.
+    @Test func aDatabaseThatFailsAtEveryPollIsReportedOnceToTheObserverAndTheMetrics() async throws {
+        let folder = try TemporaryDirectory()
+        let metrics = TestMetrics()
+        let events = DatabaseEvents()
+        let (storage, _, service) = try await Self.readyEngine(
+            folder, configuration: .init(observer: events.observe, metricsFactory: metrics))
+        defer { service.cancel() }
+        #expect(try metrics.expectGauge("hop_database_up").lastValue == 1)
+
+        storage.fail("changeVersion()", times: 40, as: .ioFailure)
+        try await HopStoreTestSupport.waitUntil("the engine reports the database answers", timeout: .seconds(60)) {
+            events.said.contains("answers")
+        }
+        #expect(storage.pendingFaults("changeVersion()") == 0)
+        #expect(events.said == ["ready", "failing ioFailure", "answers"])
+        #expect(try metrics.expectGauge("hop_database_up").values == [1, 0, 1])
+    }
+
+    /// What an engine reported of its database, and that it was ready, in order.
+    final class DatabaseEvents: Sendable {
+        private let events = Mutex<[String]>([])
+        var said: [String] { events.withLock { $0 } }
+
+        @Sendable func observe(_ event: EngineEvent) {
+            switch event {
+            case .databaseFailing(let error): events.withLock { $0.append("failing \(error.code)") }
+            case .databaseAnswers: events.withLock { $0.append("answers") }
+            case .ready: events.withLock { $0.append("ready") }
+            default: break
+            }
+        }
+    }
+
+    /// A start-up that the database fails several times before it succeeds reports one outage,
+    /// before ``EngineEvent/ready``; the gauge reads 0 until then.
+    @Test func aStartUpTheDatabaseFailsReportsOneOutageBeforeReady() async throws {
+        let folder = try TemporaryDirectory()
+        let database = try await TestBackend.sqlite.open(folder)
+        let storage = FaultyStorage(database)
+        let metrics = TestMetrics()
+        let events = DatabaseEvents()
+        let engine = try await startupEngine(
+            folder, storage: storage, configuration: .init(observer: events.observe, metricsFactory: metrics))
+        storage.fail("claimableRuns(versions:now:limit:)", times: 3, as: .busy)
+        let service = Task { try await engine.run() }
+        defer { service.cancel() }
+        try await HopStoreTestSupport.waitUntil("the engine reports ready", timeout: .seconds(60)) {
+            events.said.contains("ready")
+        }
+        #expect(storage.injectedFaults == 3, "calls: \(storage.trace)")
+        #expect(events.said == ["failing busy", "answers", "ready"])
+        #expect(try metrics.expectGauge("hop_database_up").values == [0, 1])
     }
 
     /// Lease renewals that fail a dozen times in a row (a third of a 1 s lease apart: 4 s or

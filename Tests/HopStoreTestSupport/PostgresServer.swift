@@ -36,11 +36,14 @@ public final class PostgresServer: Sendable {
     public let user = "postgres"
     private let binaries: String
     private let runAs: [String]
+    /// Whether the server syncs its log at every commit.
+    private let durable: Bool
 
-    private init(folder: TemporaryDirectory, binaries: String, runAs: [String]) {
+    private init(folder: TemporaryDirectory, binaries: String, runAs: [String], durable: Bool) {
         self.folder = folder
         self.binaries = binaries
         self.runAs = runAs
+        self.durable = durable
     }
 
     deinit {
@@ -99,23 +102,32 @@ public final class PostgresServer: Sendable {
             }
             runAs = ["/usr/sbin/runuser", "-u", "postgres", "--"]
         }
-        let server = PostgresServer(folder: folder, binaries: binaries, runAs: runAs)
+        let server = PostgresServer(folder: folder, binaries: binaries, runAs: runAs, durable: durable)
         try await server.run(
             "initdb",
             [
                 "-D", folder.path("data"), "-U", "postgres", "--auth=trust", "--encoding=UTF8", "--no-locale",
                 "--no-sync",
             ])
-        try await server.run(
-            "pg_ctl",
-            [
-                "-D", folder.path("data"), "-l", folder.path("server.log"), "-w", "-t", "60", "-o",
-                // Many connections (every test its stores); no fsync unless durable.
-                "-k \(folder.path("")) -p \(server.port) -c listen_addresses='' -c max_connections=500"
-                    + (durable ? "" : " -c fsync=off"),
-                "start",
-            ])
+        try await server.startAgain()
         return server
+    }
+
+    /// Starts the server stopped by ``stop()`` (or never started), with its settings; returns once it listens.
+    public func startAgain() async throws {
+        // Many connections (every test its stores); no fsync unless durable.
+        let options =
+            "-k \(folder.path("")) -p \(port) -c listen_addresses='' -c max_connections=500"
+            + (durable ? "" : " -c fsync=off")
+        try await run(
+            "pg_ctl",
+            ["-D", folder.path("data"), "-l", folder.path("server.log"), "-w", "-t", "60", "-o", options, "start"])
+    }
+
+    /// Stops the server as an operator's `pg_ctl stop` does: every client's connection is ended
+    /// (`-m fast`) and nothing listens until ``startAgain()``.
+    public func stop() async throws {
+        try await run("pg_ctl", ["-D", folder.path("data"), "-m", "fast", "-w", "-t", "60", "stop"])
     }
 
     /// Restarts the server as an operator's `pg_ctl restart` does: every client's connection is
@@ -146,6 +158,29 @@ public final class PostgresServer: Sendable {
                 "-h", socketDirectory, "-p", "\(port)", "-U", user, "-d", database, "-X", "-q", "-1",
                 "-v", "ON_ERROR_STOP=1", "-f", path,
             ])
+    }
+
+    /// A psql session of its own in `database` that has run `sql` (which may begin a
+    /// transaction and take locks) and stays in it, holding what it took, until its input is
+    /// closed (``ChildProcess/closeInput()``: psql exits, and an open transaction is rolled back)
+    /// or it is killed. Returns once `sql` ran.
+    public func session(
+        running sql: String, database: String, in directory: TemporaryDirectory
+    ) async throws -> ChildProcess {
+        let marker = "session-ready-\(UUID().uuidString.prefix(8))"
+        let session = try ChildProcess(
+            "\(binaries)/psql",
+            [
+                "-h", socketDirectory, "-p", "\(port)", "-U", user, "-d", database, "-X", "-q", "-A", "-t",
+                "-v", "ON_ERROR_STOP=1",
+            ], stdin: "\(sql);\nSELECT '\(marker)';\n", keepInputOpen: true, directory: directory)
+        do {
+            try await session.waitForOutput(marker)
+        } catch {
+            session.kill()
+            throw TestFailure("psql did not run \(sql): \(session.stderr)")
+        }
+        return session
     }
 
     /// Creates database `name`, empty.

@@ -187,6 +187,8 @@ let observer: @Sendable (EngineEvent) -> Void = { event in
         if run.status == .parked { say("parked \(run.currentStep ?? "?")") }
     case .executing(let run, let replaying): say("executing run \(run.id) replaying \(replaying)")
     case .ready: say("ready")
+    case .databaseFailing(let error): say("database failing \(error.code)")
+    case .databaseAnswers: say("database answers")
     }
 }
 

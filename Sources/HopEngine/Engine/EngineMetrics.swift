@@ -2,13 +2,16 @@ import CoreMetrics
 import Synchronization
 
 /// The engine's metrics, through swift-metrics: counters of hops, unhops, resumes and
-/// divergences, and a timer of step durations by step.
+/// divergences, a timer of step durations by step, and whether the database answers.
 final class EngineMetrics: Sendable {
     let factory: any MetricsFactory
     let hops: Counter
     let unhops: Counter
     let resumes: Counter
     let divergences: Counter
+    /// 1 while the database answers the engine, 0 while it fails (``EngineEvent/databaseFailing(_:)``);
+    /// no value before the engine's first call.
+    let databaseUp: Gauge
     /// One timer per step, made on its first use.
     private let stepTimers = Mutex<[String: Timer]>([:])
 
@@ -18,6 +21,7 @@ final class EngineMetrics: Sendable {
         unhops = Counter(label: "hop_unhops_total", factory: factory)
         resumes = Counter(label: "hop_resumes_total", factory: factory)
         divergences = Counter(label: "hop_divergences_total", factory: factory)
+        databaseUp = Gauge(label: "hop_database_up", factory: factory)
     }
 
     func stepDuration(_ step: String, _ duration: Duration) {

@@ -26,12 +26,16 @@ extension HopEngine: Service {
     /// twice as long each time up to 5 s, until it succeeds or the engine is shut down; one
     /// that cannot pass without an operator (no database, a damaged file, a schema this binary
     /// does not have) is thrown. ``EngineEvent/ready`` comes once the start-up succeeded.
+    /// An outage, at start-up or later, is reported to the observer once as it begins
+    /// (``EngineEvent/databaseFailing(_:)``) and once as it ends (``EngineEvent/databaseAnswers``),
+    /// and the `hop_database_up` gauge reads 0 while it lasts.
     public func run() async throws {
         // Settings that can never work are refused before the database is read, which may take a
         // while (a resume of many runs): an operator sees at once why nothing is pruned.
         let retention = checkedRetention()
+        let health: DatabaseHealth
         do {
-            try await cancelWhenGracefulShutdown { try await self.startUp() }
+            health = try await cancelWhenGracefulShutdown { try await self.startUp() }
         } catch is CancellationError {
             await stopExecuting()
             logger.info("engine stopped before it was running; unfinished runs stay resumable")
@@ -53,7 +57,7 @@ extension HopEngine: Service {
                 if let retention {
                     group.addTask { await self.retain(retention) }
                 }
-                group.addTask { await self.watch() }
+                group.addTask { await self.watch(health) }
                 group.addTask { await self.renewLeases() }
             }
         }
@@ -67,18 +71,22 @@ extension HopEngine: Service {
     }
 
     /// Ends the steps of sessions that expired while no daemon ran and resumes the unfinished
-    /// runs, trying again while the database fails in a way that may pass.
-    private func startUp() async throws {
+    /// runs, trying again while the database fails in a way that may pass. Returns what the
+    /// observer was told of the database (one outage, whatever the number of tries).
+    private func startUp() async throws -> DatabaseHealth {
         var delay = Self.firstStartUpRetry
+        var health = DatabaseHealth()
         while true {
             do {
                 try await expireSessions()
                 try await resumeAll()
-                return
+                health.answered(environment)
+                return health
             } catch let error as HopError where error.mayPass {
                 // A shutdown under way: not a failure to report (PostgreSQL's client refuses a
                 // query of a cancelled task).
                 try Task.checkCancellation()
+                health.failed(error, environment)
                 logger.error(
                     "cannot start: the database failed; trying again",
                     metadata: ["hop.error": "\(error)", "hop.retry.in": "\(delay)"])
@@ -91,8 +99,6 @@ extension HopEngine: Service {
     /// The waits between two tries of a start-up that the database failed.
     static let firstStartUpRetry = Duration.milliseconds(100)
     static let longestStartUpRetry = Duration.seconds(5)
-    /// While the watch's polls fail, one line about it this often at most.
-    static let failureReportEvery = Duration.seconds(10)
     /// What the watch and the lease renewals say while they fail (see ``RepeatedFailures``).
     static let watchLines = RepeatedFailures.Lines(
         first: "cannot check the database for changes; trying again at each poll",
@@ -102,13 +108,15 @@ extension HopEngine: Service {
         still: "the leases still cannot be renewed",
         over: "the leases of the runs this engine executes are renewed again")
 
-    private func watch() async {
+    /// `health`: what the observer was last told of the database.
+    private func watch(_ health: DatabaseHealth) async {
+        var health = health
         var seen = (try? await storage.changeVersion()) ?? 0
         // As often as leases are renewed, the watch looks for runs taken over from this engine
         // and for runs whose lease expired, whether or not the database changed.
         let lookEvery = configuration.leaseDuration / 3
         var lastLook = ContinuousClock.now
-        var failures = RepeatedFailures(every: Self.failureReportEvery)
+        var failures = RepeatedFailures()
         while !Task.isCancelled {
             do {
                 try await Task.sleep(for: configuration.pollInterval)
@@ -127,10 +135,12 @@ extension HopEngine: Service {
                     try await resumeClaimable()
                 }
                 failures.logSuccess(to: logger, Self.watchLines)
+                health.answered(environment)
             } catch is CancellationError {
                 return
             } catch {
                 failures.log(error, to: logger, Self.watchLines)
+                health.failed(error, environment)
                 // What failed may have left a run to resume (a timed-out step's run not read
                 // back, a batch let go): look at the next poll, not a third of a lease later.
                 lastLook = .now - lookEvery
@@ -145,7 +155,7 @@ extension HopEngine: Service {
     /// While they fail, said as the watch's polls are (``RepeatedFailures``): an outage logged
     /// at every renewal wrote a line every third of a lease for as long as it lasted.
     private func renewLeases() async {
-        var failures = RepeatedFailures(every: Self.failureReportEvery)
+        var failures = RepeatedFailures()
         while !Task.isCancelled {
             do {
                 try await Task.sleep(for: configuration.leaseDuration / 3)
