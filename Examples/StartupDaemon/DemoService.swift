@@ -39,7 +39,9 @@ struct DemoService: Service {
 
     func run() async throws {
         do {
-            try await follow()
+            // Cancelled as the group shuts down: a look at the run that waits for a database
+            // that does not answer (a PostgreSQL server away, for a minute) must not hold the stop.
+            try await cancelWhenGracefulShutdown { try await self.follow() }
         } catch is CancellationError {
             // Shut down while it waited for the database to begin: the run stays resumable.
         }
@@ -58,6 +60,8 @@ struct DemoService: Service {
         var run = try await retrying { try await engine.start("startup", subject: subject) }
         if existing?.id != run.id { narrator.say("run \(run.id) of startup for \(subject): started") }
         var parkedStep: String?
+        /// The step this engine last hopped the run to, for the last word on shutdown.
+        var lastHop: String?
         // The last history entry of the run told: a resumed run's past is not told again.
         var narrated = existing?.id == run.id ? past : 0
         var ending = false
@@ -84,6 +88,7 @@ struct DemoService: Service {
                 case .engine(.recorded(let reference, let entry)) where reference.id == run.id && entry.seq > narrated:
                     narrator.recorded(entry, subject: subject)
                     narrated = entry.seq
+                    if entry.kind == .hop { lastHop = entry.step }
                 case .engine(.settled(let record)) where record.id == run.id && record.status == .parked:
                     if record.currentStep != parkedStep {
                         parkedStep = record.currentStep
@@ -139,8 +144,12 @@ struct DemoService: Service {
                 if case .end = event { ending = false }  // the next tick sees the end again
             }
         }
-        if let record = try await store.run(id: run.id), record.status.isUnfinished {
-            narrator.say("stopping; run \(run.id) stays resumable\(record.currentStep.map { " at \($0)" } ?? "")")
+        // Shut down: the run as stored if it can be read (not on PostgreSQL, whose client refuses a
+        // query of this cancelled task), else where this service last saw it.
+        let record = try? await store.run(id: run.id)
+        if record?.status.isUnfinished ?? true {
+            let step = record.map(\.currentStep) ?? (parkedStep ?? lastHop)
+            narrator.say("stopping; run \(run.id) stays resumable\(step.map { " at \($0)" } ?? "")")
         }
     }
 

@@ -70,7 +70,7 @@ import Glibc
     /// liveness lock's connection at each of its tries.
     @Test(.enabled(if: TestBackend.all.contains { $0.name == "postgres" }))
     func aStoppedServerIsSaidOnceAndTheDemoGoesOnWhenItIsBack() async throws {
-        let (server, url) = try await Self.serverOfItsOwn(database: "stopped")
+        let (server, url) = try await PostgresServer.ofItsOwn(database: "stopped")
         let folder = try TemporaryDirectory()
         let demo = try ChildProcess("hop-demo", ["--db", url], directory: folder)
         defer { demo.kill() }
@@ -98,6 +98,30 @@ import Glibc
         #expect(lock.count >= 1 && lock.count <= most, "\(lock.count) lines in \(outage): \(lock)")
     }
 
+    /// The demo stopped (SIGTERM, as systemd stops it) while its PostgreSQL server is away stops
+    /// at once, and its run stays resumable. Before, its look at its run waited for the server
+    /// (the client holds a query until it gives up connecting, a minute later), the stop with
+    /// it, and the demo then exited 1: systemd would have killed it first.
+    @Test(.enabled(if: TestBackend.all.contains { $0.name == "postgres" }))
+    func theDemoStoppedWhileItsServerIsAwayStopsAtOnce() async throws {
+        let (server, url) = try await PostgresServer.ofItsOwn(database: "away")
+        let folder = try TemporaryDirectory()
+        let demo = try ChildProcess("hop-demo", ["--db", url], directory: folder)
+        defer { demo.kill() }
+        try await demo.waitForOutput("parked at onboarding")
+
+        try await server.stop()
+        demo.kill(SIGTERM)
+        #expect(try await demo.waitForExit(timeout: .seconds(20)) == 0, "\(demo.stdout)\(demo.stderr)")
+        #expect(demo.stdout.contains("stays resumable"), "\(demo.stdout)")
+
+        try await server.startAgain()
+        let resumed = try ChildProcess("hop-demo", ["--db", url], directory: folder)
+        defer { resumed.kill() }
+        try await resumed.waitForOutput("resuming run 1 of startup for default at onboarding")
+        try await Self.finishOnboardingAndLogin(of: resumed, on: url, in: folder)
+    }
+
     /// The demo on a PostgreSQL server whose tables an operator locks (a `VACUUM FULL`, a schema
     /// change) while the database has a `lock_timeout`, as many have: every query of the demo
     /// fails. The demo stays up and says it waits for its database (its status line and its
@@ -105,7 +129,7 @@ import Glibc
     /// that failed ended the daemon, the run left at onboarding, and nothing but the log said why.
     @Test(.enabled(if: TestBackend.all.contains { $0.name == "postgres" }))
     func theDemoSaysItWaitsForADatabaseThatFailsAndGoesOnWhenItAnswers() async throws {
-        let (server, url) = try await Self.serverOfItsOwn(database: "locked")
+        let (server, url) = try await PostgresServer.ofItsOwn(database: "locked")
         let folder = try TemporaryDirectory()
         let socket = try NotifySocket(path: folder.path("notify.sock"))
         let demo = try ChildProcess(
@@ -147,14 +171,6 @@ import Glibc
         }
         try await Self.finishOnboardingAndLogin(of: demo, on: url, in: folder)
         #expect(demo.stdout.components(separatedBy: "the database fails").count == 2, "said once: \(demo.stdout)")
-    }
-
-    /// A PostgreSQL server of the test's own (stopping the shared one, or locking its tables,
-    /// would fail other tests), with an empty database `database`, and that database's URL.
-    static func serverOfItsOwn(database: String) async throws -> (PostgresServer, String) {
-        let server = try #require(try await PostgresServer.start())
-        try await server.createDatabase(database)
-        return (server, server.url(database: database))
     }
 
     /// Finishes the demo's run 1, parked at onboarding, from outside (`hopctl unhop`, then

@@ -110,10 +110,8 @@ import Testing
     /// that ran the step, once, on the server as it came back.
     @Test(.enabled(if: available))
     func aDaemonWhoseServerRestartsMidStepKeepsItsRunAndWritesTheStepsEndOnce() async throws {
-        // A server of this test's own: restarting the shared one would end other tests' connections.
-        let server = try #require(try await PostgresServer.start())
-        try await server.createDatabase("restarted")
-        let url = server.url(database: "restarted")
+        // A server of this test's own: stopping or restarting the shared one would fail other tests.
+        let (server, url) = try await PostgresServer.ofItsOwn(database: "restarted")
         let folder = try TemporaryDirectory()
         let owner = try ChildProcess(
             "hop-test-daemon",
@@ -152,6 +150,37 @@ import Testing
         #expect(bodyLines(in: folder).filter { $0 == "1 splash" }.count == 1, "the splash ran again")
         #expect(!other.stdout.contains("executing run 1"), "B executed a run A holds")
         #expect(try await store.run(id: 1)?.status == .parked)
+    }
+
+    /// A daemon stopped (SIGTERM, as systemd stops a service) while its server is away and a
+    /// step runs stops at once, and its run goes on from another daemon as soon as the server is
+    /// back (the stopped one's liveness lock went with its process). Before, its stop waited for
+    /// the release of the run, a query the client held until it gave up connecting, a minute
+    /// later: longer than systemd's stop timeout, after which the daemon is killed.
+    @Test(.enabled(if: available))
+    func aDaemonStoppedWhileItsServerIsAwayStopsAtOnceAndItsRunGoesOnWhenTheServerIsBack() async throws {
+        // A server of this test's own: stopping or restarting the shared one would fail other tests.
+        let (server, url) = try await PostgresServer.ofItsOwn(database: "away")
+        let folder = try TemporaryDirectory()
+        let owner = try Self.daemon(
+            "A", url: url, in: folder, slowSplash: true, arguments: ["--external", "--graceful"])
+        defer { owner.kill() }
+        try await owner.waitForOutput("point after:hop:splash")
+
+        try await server.stop()
+        owner.kill(SIGTERM)
+        #expect(try await owner.waitForExit(timeout: .seconds(20)) == 0, "\(owner.stdout)\(owner.stderr)")
+        #expect(owner.stdout.contains("stopped"))
+        #expect(bodyLines(in: folder).contains("1 splash-cancelled"))
+
+        try await server.startAgain()
+        let other = try Self.daemon("B", url: url, in: folder)
+        defer { other.kill() }
+        try await other.waitForOutput("parked onboarding")
+        let store = try await PostgresStore.open(url: url)
+        defer { Task { await store.close() } }
+        let history = try await store.history(runID: 1)
+        #expect(history.filter { $0.kind == .unhop && $0.step == "splash" }.count == 1, "\(history.map(\.kind))")
     }
 
     /// `hop-test-daemon` labelled `label` whose wall clock is `seconds` off this machine's

@@ -113,6 +113,17 @@ public final class PostgresServer: Sendable {
         return server
     }
 
+    /// A server of a test's own, which it may stop, restart or lock without failing other
+    /// tests, with an empty database `name`: the server, and that database's URL. Throws where
+    /// ``start(durable:)`` returns `nil` (PostgreSQL is not installed).
+    public static func ofItsOwn(database name: String) async throws -> (server: PostgresServer, url: String) {
+        guard let server = try await start() else {
+            throw TestFailure("PostgreSQL's server programs are not installed: run script/setup")
+        }
+        try await server.createDatabase(name)
+        return (server, server.url(database: name))
+    }
+
     /// Starts the server stopped by ``stop()`` (or never started), with its settings; returns once it listens.
     public func startAgain() async throws {
         // Many connections (every test its stores); no fsync unless durable.

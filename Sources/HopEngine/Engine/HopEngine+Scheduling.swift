@@ -51,10 +51,17 @@ extension HopEngine {
                 await self.didSettle(run.id, settlement, stored: stored)
             }
             if Task.isCancelled {
-                // Stopped (the engine stops, or the run ended elsewhere): the settlement's reads
-                // run in a task of their own, as PostgreSQL's client refuses to start a query for
-                // a cancelled task (the observer and the run's waiters were not told how it ended).
-                await Task(executorPreference: bodyExecutor) { await settle() }.value
+                // Stopped (the engine stops, or the run ended elsewhere): the run is read in a
+                // task of its own, as PostgreSQL's client refuses to start a query for a
+                // cancelled task (the observer and the run's waiters were not told how it ended),
+                // and waited for a moment at most: a database that does not answer must not
+                // hold the stop. Unread, the observer is not told, and waiters read it themselves.
+                let stored =
+                    environment.wantsSettledRun(run.id)
+                    ? await waitAtMost(ExecutionEnvironment.longestStopWait) {
+                        try? await environment.storage.run(id: run.id)
+                    } ?? nil : nil
+                await self.didSettle(run.id, settlement, stored: stored, cancelled: true)
             } else {
                 await settle()
             }
@@ -77,14 +84,21 @@ extension HopEngine {
         }
     }
 
-    /// - Parameter stored: the run as its execution ended, when the execution read it.
-    private func didSettle(_ runID: Int64, _ settlement: RunExecutor.Settlement, stored: RunRecord?) async {
-        if case .again = settlement, let run = try? await storage.run(id: runID), run.status == .running {
+    /// - Parameters:
+    ///   - stored: the run as its execution ended, when the execution read it.
+    ///   - cancelled: whether the execution was cancelled. Then, while the engine stops, the run
+    ///     is not read here: what the execution read within a moment is all (a stop does not
+    ///     wait for the database).
+    private func didSettle(
+        _ runID: Int64, _ settlement: RunExecutor.Settlement, stored: RunRecord?, cancelled: Bool = false
+    ) async {
+        let read = !(cancelled && stopping)
+        if read, case .again = settlement, let run = try? await storage.run(id: runID), run.status == .running {
             executeAgain.insert(runID)  // its step was ended elsewhere as it parked, or as it returned
         }
         executing[runID] = nil
         environment.holdings.withLock { $0.settled(runID) }
-        if executeAgain.remove(runID) != nil, !stopping, let run = try? await storage.run(id: runID),
+        if executeAgain.remove(runID) != nil, read, !stopping, let run = try? await storage.run(id: runID),
             run.status == .running, executing[runID] == nil, !stopping
         {
             execute(run)  // in the place it just left, unless runs wait for one
@@ -97,7 +111,7 @@ extension HopEngine {
         var settled: RunRecord?
         if environment.configuration.observer != nil || !waiters.isEmpty {
             settled = stored
-            if settled == nil { settled = try? await storage.run(id: runID) }
+            if settled == nil, read { settled = try? await storage.run(id: runID) }
         }
         if let settled { environment.notify(.settled(run: settled)) }
         for waiter in waiters { waiter.resume(returning: settled) }
@@ -125,7 +139,10 @@ extension HopEngine {
     /// waiting for one, and a run asked to execute (a start, an unhop) is left as it is stored.
     /// Runs that waited for a place are let go, their leases released (a run this engine
     /// started holds one from its start): like the stopped ones, they stay resumable, by this
-    /// engine's next ``run()`` or another engine, at once.
+    /// engine's next ``run()`` or another engine, at once. A database that does not answer
+    /// (a PostgreSQL server away) does not hold the stop: each release, and each read of a
+    /// stopped run for the observer, is waited for 2 s at most; the runs not released then are
+    /// taken over once this process is gone or their leases expire.
     public func stopExecuting() async {
         stopping = true
         stops += 1
@@ -146,18 +163,7 @@ extension HopEngine {
         while !lettingGo.isEmpty {
             let letGo = lettingGo
             lettingGo = []
-            // In a task of its own: the stopping one may be cancelled (a service group's
-            // shutdown), and PostgreSQL's client refuses to start a query for a cancelled task.
-            let (storage, owner, logger) = (storage, id, logger)
-            await Task {
-                do {
-                    try await storage.release(runIDs: letGo, owner: owner)
-                } catch {
-                    logger.error(
-                        "cannot release the runs let go as the engine stopped; another engine takes them when their lease expires",
-                        metadata: ["hop.runs": "\(letGo.count)", "hop.error": "\(error)"])
-                }
-            }.value
+            await environment.releaseAsStopping(letGo, what: "the runs that waited for a place")
         }
     }
 }

@@ -341,11 +341,8 @@ final class RunExecutor: FlowExecution {
         case _ where Task.isCancelled:
             logger.info("stopped executing run; it stays resumable")
             try? await writeHeldUnhop()  // the last step's end is kept: it does not run again
-            // Released from a task of its own: this one is cancelled, and PostgreSQL's client
-            // refuses to start a query for a cancelled task (the run stayed held by this engine
-            // until its lease expired or its liveness lock went with its process).
-            let (storage, runID, owner) = (storage, run.id, environment.owner)
-            await Task { try? await storage.release(runID: runID, owner: owner) }.value
+            // Released from a task of its own (this one is cancelled), and not waited for long.
+            await environment.releaseAsStopping([run.id], what: "run \(run.id)")
         case let error as HopError where error.code == .diverged:
             environment.metrics.divergences.increment()
             logger.error("run diverged", metadata: ["hop.error": "\(error)"])
