@@ -251,7 +251,7 @@ public final class PostgresStore: Sendable {
         Self.map(error, operation: operation, location: url.redacted)
     }
 
-    static func map(_ error: any Error, operation: String, location: String) -> HopError {
+    package static func map(_ error: any Error, operation: String, location: String) -> HopError {
         let error = cause(of: error)
         if let error = error as? HopError { return error }
         if let error = error as? PSQLError {
@@ -270,7 +270,20 @@ public final class PostgresStore: Sendable {
         if error is CancellationError {
             return HopError(.postgres, operation: operation, path: location, reason: "cancelled")
         }
-        return HopError(.postgres, operation: operation, path: location, reason: "\(error)")
+        // The client's pool gave up waiting for a connection: it could make none for a minute.
+        // Its type is in PostgresNIO's underscored pool module (not a dependency of this one):
+        // known by what it prints, which PostgresErrorTests checks.
+        let printed = "\(error)"
+        if printed.contains("connectionCreationCircuitBreakerTripped") {
+            return HopError(
+                .postgres, operation: operation, path: location,
+                reason: "cannot connect to the server: every try for a minute failed",
+                hint: "Check that PostgreSQL runs and that the URL's host, port, user and password are right")
+        }
+        if printed.contains("requestCancelled") {
+            return HopError(.postgres, operation: operation, path: location, reason: "cancelled")
+        }
+        return HopError(.postgres, operation: operation, path: location, reason: printed)
     }
 
     func validate(_ value: String, as what: String) throws {

@@ -138,6 +138,8 @@ extension HopEngine: Service {
                 health.answered(environment)
             } catch is CancellationError {
                 return
+            } catch  where Task.isCancelled {
+                return  // a call the engine's stop cancelled (PostgreSQL's client says so its own way)
             } catch {
                 failures.log(error, to: logger, Self.watchLines)
                 health.failed(error, environment)
@@ -164,6 +166,8 @@ extension HopEngine: Service {
                 failures.logSuccess(to: logger, Self.renewalLines)
             } catch is CancellationError {
                 return
+            } catch  where Task.isCancelled {
+                return  // a call the engine's stop cancelled (PostgreSQL's client says so its own way)
             } catch {
                 failures.log(error, to: logger, Self.renewalLines)
             }
