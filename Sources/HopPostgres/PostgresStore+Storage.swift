@@ -442,6 +442,12 @@ extension PostgresStore: HopStorage {
 
     /// Releases the runs of owners whose liveness lock no session of the server holds: their
     /// connection, hence their process, is gone.
+    ///
+    /// Not within ``livenessGraceAfterServerStart`` of the server's start: a restart ends every
+    /// session, so no lock is held until each engine has connected again (with a pause of up to
+    /// 5 s while the server was away). Before, the first engine back took the others' runs in
+    /// flight, and their steps ran again beside the ones still running. Meanwhile a run whose
+    /// engine died is taken over when its lease expires, or once the grace has passed.
     @discardableResult
     package func releaseRunsOfDeadIncarnations(except own: Incarnation) async throws -> [(owner: String, runs: Int)] {
         // One statement, every poll of every engine: the holders of running runs whose lock (key:
@@ -452,13 +458,15 @@ extension PostgresStore: HopStorage {
             CROSS JOIN LATERAL (SELECT ('x' || right(r.owner, 16))::bit(64)::bigint AS key) AS k
             WHERE r.owner IS NOT NULL AND r.status = 'running' AND r.owner <> $1
                 AND r.owner ~ '#[0-9a-fA-F]{16}$'
+                AND extract(epoch FROM clock_timestamp() - pg_postmaster_start_time()) * 1000 > $2
                 AND NOT EXISTS (
                     SELECT 1 FROM pg_locks l
                     WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
                         AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
                         AND l.classid::bigint = (k.key >> 32) & 4294967295
                         AND l.objid::bigint = k.key & 4294967295)
-            """, [.text(own.id)], operation: "list the engines that are gone"
+            """, [.text(own.id), .int(Self.livenessGraceAfterServerStart)],
+            operation: "list the engines that are gone"
         ) { try $0.text(0) }
         guard !dead.isEmpty else { return [] }
         var released: [(owner: String, runs: Int)] = []

@@ -40,6 +40,11 @@ public final class PostgresStore: Sendable {
     /// The channel of change notifications.
     static let channel = "hop_changes"
 
+    /// How long after the server starts no engine is taken for dead for want of its liveness
+    /// lock (``releaseRunsOfDeadIncarnations(except:)``), in milliseconds: three times the
+    /// longest pause between two tries of an engine to take its lock again (5 s).
+    static let livenessGraceAfterServerStart: Int64 = 15_000
+
     /// The server's clock, in milliseconds since the Unix epoch, as SQL. Leases are written and
     /// judged by it: the machines of a fleet need not agree on the time. (By the engines' own
     /// clocks, an engine whose clock was behind by more than a lease had every run it held
