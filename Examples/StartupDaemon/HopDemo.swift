@@ -125,7 +125,6 @@ struct HopDemo: AsyncParsableCommand {
             throw ExitCode.failure
         }
     }
-
 }
 
 /// Under systemd (`Type=notify`): ready once the engine has resumed its runs; the status line

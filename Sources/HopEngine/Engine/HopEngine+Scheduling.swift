@@ -98,7 +98,7 @@ extension HopEngine {
         }
         executing[runID] = nil
         environment.holdings.withLock { $0.settled(runID) }
-        if executeAgain.remove(runID) != nil, read, !stopping, let run = try? await storage.run(id: runID),
+        if executeAgain.remove(runID) != nil, !stopping, let run = try? await storage.run(id: runID),
             run.status == .running, executing[runID] == nil, !stopping
         {
             execute(run)  // in the place it just left, unless runs wait for one
