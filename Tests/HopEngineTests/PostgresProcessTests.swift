@@ -113,17 +113,9 @@ import Testing
         // A server of this test's own: stopping or restarting the shared one would fail other tests.
         let (server, url) = try await PostgresServer.ofItsOwn(database: "restarted")
         let folder = try TemporaryDirectory()
-        let owner = try ChildProcess(
-            "hop-test-daemon",
-            ["--db", url, "--files", folder.database, "--external", "--engine-id", "A", "--lease", "60"],
-            environment: ["HOP_TEST_SPLASH_WAITS": "1"], keepInputOpen: true, directory: folder)
+        let owner = try await Self.ownerInItsSplash(url: url, in: folder)
         defer { owner.kill() }
-        try await owner.waitForOutput("point after:hop:splash")
-        func holders() async throws -> [String] {
-            try await server.psql(
-                "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted ORDER BY pid", database: "restarted"
-            ).split(whereSeparator: \.isNewline).map(String.init)
-        }
+        func holders() async throws -> [String] { try await Self.livenessLockHolders(on: server, "restarted") }
         let before = try await holders()
         try #require(before.count == 1, "A's liveness lock: \(before)")
 
@@ -152,6 +144,29 @@ import Testing
         #expect(try await store.run(id: 1)?.status == .parked)
     }
 
+    /// Daemon A on `url` (a lease of a minute), in its splash until its input closes: the
+    /// splash's hop is written.
+    static func ownerInItsSplash(url: String, in folder: TemporaryDirectory) async throws -> ChildProcess {
+        let owner = try ChildProcess(
+            "hop-test-daemon",
+            ["--db", url, "--files", folder.database, "--external", "--engine-id", "A", "--lease", "60"],
+            environment: ["HOP_TEST_SPLASH_WAITS": "1"], keepInputOpen: true, directory: folder)
+        do {
+            try await owner.waitForOutput("point after:hop:splash")
+        } catch {
+            owner.kill()
+            throw error
+        }
+        return owner
+    }
+
+    /// The server processes that hold an advisory lock (an engine's liveness lock) in `database`, by pid.
+    static func livenessLockHolders(on server: PostgresServer, _ database: String) async throws -> [String] {
+        try await server.psql(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted ORDER BY pid", database: database
+        ).split(whereSeparator: \.isNewline).map(String.init)
+    }
+
     /// Two daemons on a server an operator restarts (`pg_ctl restart`, a minor upgrade) while
     /// one of them runs a step: the restart ends every connection, so for a moment no engine
     /// holds its liveness lock. The other daemon must not take that for the first one's death:
@@ -161,20 +176,13 @@ import Testing
     func aServerRestartNeverHandsARunInFlightToAnotherDaemon() async throws {
         let (server, url) = try await PostgresServer.ofItsOwn(database: "restarted_twice")
         let folder = try TemporaryDirectory()
-        let owner = try ChildProcess(
-            "hop-test-daemon",
-            ["--db", url, "--files", folder.database, "--external", "--engine-id", "A", "--lease", "60"],
-            environment: ["HOP_TEST_SPLASH_WAITS": "1"], keepInputOpen: true, directory: folder)
+        let owner = try await Self.ownerInItsSplash(url: url, in: folder)
         defer { owner.kill() }
-        try await owner.waitForOutput("point after:hop:splash")
         let other = try Self.daemon("B", url: url, in: folder)
         defer { other.kill() }
         try await other.waitForOutput("ready")
         func holders() async throws -> Set<String> {
-            Set(
-                try await server.psql(
-                    "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted", database: "restarted_twice"
-                ).split(whereSeparator: \.isNewline).map(String.init))
+            Set(try await Self.livenessLockHolders(on: server, "restarted_twice"))
         }
         let before = try await holders()
         try #require(before.count == 2, "A's and B's liveness locks: \(before)")
