@@ -146,7 +146,13 @@ import Testing
             Flow("slow", version: "1") { flow in
                 try await flow.hop(to: "splash")
                 _ = try await flow.decide("slow read") {
-                    try await Task.sleep(for: .milliseconds(200))
+                    // Slow until the unhop was written alone (and failed). A fixed 200 ms was once
+                    // not enough in CI's first minute: the unhop, still held, went with this
+                    // decision's record, that record failed, and the unhop was written after it:
+                    // the splash did not run again.
+                    try await HopStoreTestSupport.waitUntil("the unhop was written alone", timeout: .seconds(30)) {
+                        storage.injectedFaults == 1
+                    }
                     return true
                 }
                 try await flow.hop(to: "main")
@@ -169,7 +175,7 @@ import Testing
                 "hop splash", "unhop splash", "decision slow read", "hop main", "unhop main",
             ], "\(history)")
         #expect(!history.contains { [.error, .fail, .diverge].contains($0.kind) }, "\(history)")
-        #expect(splashes.withLock { $0 } == 2, "the step whose end was not written runs again")
+        #expect(splashes.withLock { $0 } == 2, "the step whose end was not written runs again; calls: \(storage.trace)")
         #expect(storage.trace.contains("record(_:runID:owner:durability:) (failed)"), "calls: \(storage.trace)")
     }
 
