@@ -39,8 +39,9 @@ struct DemoService: Service {
 
     func run() async throws {
         do {
-            // Cancelled as the group shuts down: a look at the run that waits for a database
-            // that does not answer (a PostgreSQL server away, for a minute) must not hold the stop.
+            // Cancelled as the group shuts down: that ends its wait to begin, its loop over the
+            // events, and a look at the run that waits for a database that does not answer (a
+            // PostgreSQL server away, for a minute), which must not hold the stop.
             try await cancelWhenGracefulShutdown { try await self.follow() }
         } catch is CancellationError {
             // Shut down while it waited for the database to begin: the run stays resumable.
@@ -49,7 +50,7 @@ struct DemoService: Service {
 
     private func follow() async throws {
         // A group shut down before (the metrics server could not listen): no run is begun.
-        guard await startWhen.cancelOnGracefulShutdown().first(where: { true }) != nil else { return }
+        guard await startWhen.first(where: { true }) != nil else { return }
         let existing = try await retrying { try await store.latestRun(flow: "startup", subject: subject) }
         var past: Int64 = 0
         if let existing, existing.status.isUnfinished {
@@ -60,7 +61,7 @@ struct DemoService: Service {
         var run = try await retrying { try await engine.start("startup", subject: subject) }
         if existing?.id != run.id { narrator.say("run \(run.id) of startup for \(subject): started") }
         var parkedStep: String?
-        /// The step this engine last hopped the run to, for the last word on shutdown.
+        // The step this engine last hopped the run to, for the last word on shutdown.
         var lastHop: String?
         // The last history entry of the run told: a resumed run's past is not told again.
         var narrated = existing?.id == run.id ? past : 0
@@ -78,7 +79,7 @@ struct DemoService: Service {
         }
         defer { ticker.cancel() }
 
-        for await event in events.cancelOnGracefulShutdown() {
+        for await event in events {
             do {
                 switch event {
                 case .engine(.databaseFailing(let error)):
@@ -174,7 +175,8 @@ struct DemoService: Service {
     }
 
     /// `body`, tried again every second while the database fails in a way that may pass (said
-    /// once); throws `CancellationError` when the service is shut down meanwhile.
+    /// once); throws `CancellationError` when the service is shut down meanwhile (``run()``
+    /// cancels it then).
     private func retrying<Value: Sendable>(_ body: () async throws -> Value) async throws -> Value {
         var said = false
         while true {
@@ -185,7 +187,7 @@ struct DemoService: Service {
                     narrator.note("cannot read or write the database (\(error.code)); trying again every second")
                     said = true
                 }
-                try await cancelWhenGracefulShutdown { try await Task.sleep(for: .seconds(1)) }
+                try await Task.sleep(for: .seconds(1))
             }
         }
     }
