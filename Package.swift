@@ -181,6 +181,7 @@ let package = Package(
                 "hopctl-postgres", "hop-demo",
                 // Only to make the pool's errors that HopPostgres recognizes (PostgresErrorTests).
                 .product(name: "_ConnectionPoolModule", package: "postgres-nio"),
+                .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "MetricsTestKit", package: "swift-metrics"),
                 .product(name: "InMemoryTracing", package: "swift-distributed-tracing"),
                 .product(name: "InMemoryLogging", package: "swift-log"),

@@ -14,7 +14,7 @@ import Synchronization
 ///
 /// The lock is taken in the background; the store waits for it (``held()``) before it records
 /// the incarnation as the owner of any run, so no run is ever held by an owner without its lock.
-final class AdvisoryLock: Sendable {
+package final class AdvisoryLock: Sendable {
     /// The lock's key.
     let key: Int64
     private let state = LockState()
@@ -22,7 +22,7 @@ final class AdvisoryLock: Sendable {
     private let task: Task<Void, Never>
 
     /// The lock key of an owner value ending in `#` and 16 hex digits; `nil` for any other.
-    static func key(ofOwner owner: String) -> Int64? {
+    package static func key(ofOwner owner: String) -> Int64? {
         guard let hash = owner.lastIndex(of: "#") else { return nil }
         let digits = owner[owner.index(after: hash)...]
         guard digits.count == 16, let value = UInt64(digits, radix: 16) else { return nil }
@@ -62,9 +62,12 @@ final class AdvisoryLock: Sendable {
                 let connection = try await PostgresConnection.connect(
                     configuration: try url.connectionConfiguration(), id: 1, logger: PostgresStore.quiet)
                 do {
-                    _ = try await connection.query(
-                        PostgresValue.query("SELECT pg_advisory_lock($1)", [.int(key)]), logger: PostgresStore.quiet
-                    ).collect()
+                    // Watched: a statement written as the server ends the connection is never answered.
+                    _ = try await ClosedConnections.run(on: connection) { connection in
+                        try await connection.query(
+                            PostgresValue.query("SELECT pg_advisory_lock($1)", [.int(key)]), logger: PostgresStore.quiet
+                        ).collect().count
+                    }
                 } catch {
                     try? await connection.close()
                     throw error
@@ -113,38 +116,62 @@ private let listenLines = RepeatedFailures.Lines(
 
 /// Whether an ``AdvisoryLock`` is held yet, and who waits for it.
 private final class LockState: Sendable {
+    private typealias Waiter = CheckedContinuation<Void, any Error>
+
     private enum State {
-        case acquiring([CheckedContinuation<Void, any Error>])
+        /// Those waiting, by the number each was given.
+        case acquiring([Int: Waiter])
         case held
         case failed(HopError)
     }
 
-    private let state = Mutex<State>(.acquiring([]))
+    private let state = Mutex<(state: State, nextWaiter: Int)>((.acquiring([:]), 0))
 
+    /// Waits until the lock is held; throws the error of a final failure to take it, or
+    /// `CancellationError` when the task is cancelled before (an engine that stops while the
+    /// server is away must not wait for it to come back).
     func held() async throws {
-        try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
-            state.withLock { state in
-                switch state {
-                case .acquiring(var waiting):
-                    waiting.append(continuation)
-                    state = .acquiring(waiting)
-                case .held: continuation.resume()
-                case .failed(let error): continuation.resume(throwing: error)
+        let number = state.withLock { state in
+            defer { state.nextWaiter += 1 }
+            return state.nextWaiter
+        }
+        try await withTaskCancellationHandler {
+            try await withCheckedThrowingContinuation { (continuation: Waiter) in
+                let outcome = state.withLock { state -> Result<Void, any Error>? in
+                    switch state.state {
+                    case .acquiring(var waiting):
+                        // Cancelled before it could wait: the handler below found nothing to end.
+                        if Task.isCancelled { return .failure(CancellationError()) }
+                        waiting[number] = continuation
+                        state.state = .acquiring(waiting)
+                        return nil
+                    case .held: return .success(())
+                    case .failed(let error): return .failure(error)
+                    }
                 }
+                if let outcome { continuation.resume(with: outcome) }
             }
+        } onCancel: {
+            let waiter = state.withLock { state -> Waiter? in
+                guard case .acquiring(var waiting) = state.state else { return nil }
+                let waiter = waiting.removeValue(forKey: number)
+                state.state = .acquiring(waiting)
+                return waiter
+            }
+            waiter?.resume(throwing: CancellationError())
         }
     }
 
     /// Ends an attempt to take the lock: those waiting are told how it went. A failure that is
     /// `final` fails every later wait too; another leaves the next attempt to be waited for.
     func settle(_ outcome: Result<Void, HopError>, final: Bool = true) {
-        let waiting = state.withLock { state -> [CheckedContinuation<Void, any Error>] in
-            guard case .acquiring(let waiting) = state else { return [] }
+        let waiting = state.withLock { state -> [Waiter] in
+            guard case .acquiring(let waiting) = state.state else { return [] }
             switch outcome {
-            case .success: state = .held
-            case .failure(let error): state = final ? .failed(error) : .acquiring([])
+            case .success: state.state = .held
+            case .failure(let error): state.state = final ? .failed(error) : .acquiring([:])
             }
-            return waiting
+            return Array(waiting.values)
         }
         for continuation in waiting { continuation.resume(with: outcome.mapError { $0 as any Error }) }
     }
@@ -152,7 +179,7 @@ private final class LockState: Sendable {
     /// The lock's connection went: waits are for the next attempt to take it again.
     func lose() {
         state.withLock { state in
-            if case .held = state { state = .acquiring([]) }
+            if case .held = state.state { state.state = .acquiring([:]) }
         }
     }
 }

@@ -40,7 +40,7 @@ struct PostgresMigrator {
         for migration in migrations where migration.version > version {
             let operation = "apply migration \(migration.version) (\(migration.name))"
             do {
-                try await client.withConnection { connection in
+                try await client.withWatchedConnection { connection in
                     try await connection.withTransaction(logger: logger) { connection in
                         try await Self.execute(
                             "SELECT pg_advisory_xact_lock($1)", [.int(Self.lockKey)], on: connection, logger: logger)
@@ -77,7 +77,7 @@ struct PostgresMigrator {
     /// The newest applied version (0 for an empty database), after checking what is applied.
     private func appliedVersion() async throws -> Int {
         do {
-            return try await client.withConnection { connection in
+            return try await client.withWatchedConnection { connection in
                 let exists =
                     try await connection.query(
                         "SELECT to_regclass('hop_migrations') IS NOT NULL", logger: logger

@@ -135,7 +135,7 @@ extension PostgresStore: HopAdministration {
     package func snapshot() async throws -> HopSnapshot {
         let operation = "read the whole database"
         do {
-            return try await client.withConnection { connection in
+            return try await client.withWatchedConnection { connection in
                 func query<T>(_ sql: String, _ decode: (Row) throws -> T) async throws -> [T] {
                     try await connection.query(PostgresValue.query(sql, []), logger: Self.quiet).collect()
                         .map { try decode(Row($0)) }
@@ -199,7 +199,7 @@ extension PostgresStore: HopAdministration {
                            (SELECT count(*) FROM sessions), (SELECT count(*) FROM facts)
                     """, []
                 ) { [try $0.int64(0), try $0.int64(1), try $0.int64(2), try $0.int64(3)] } ?? []
-            try StorageRules(location: location).checkEmptyTarget(counts: held, operation: operation)
+            try StorageRules(location: self.location).checkEmptyTarget(counts: held, operation: operation)
             for batch in batches.runs {
                 try await tx.run(
                     """

@@ -21,10 +21,15 @@ extension PostgresStore: HopStorage {
     }
 
     /// Waits until `owner`'s liveness lock is held, when the incarnation was made here: a run is
-    /// never recorded as held by an owner that other engines could not prove alive.
+    /// never recorded as held by an owner that other engines could not prove alive. A wait that
+    /// its task's cancellation ends throws a ``HopError`` that says so, as a cancelled query does.
     func ensureLiveness(of owner: String?) async throws {
         guard let owner, let lock = locks.withLock({ $0[owner]?.lock }) else { return }
-        try await lock.held()
+        do {
+            try await lock.held()
+        } catch let error as CancellationError {
+            throw map(error, operation: "wait for this engine's liveness lock")
+        }
     }
 
     package func changeVersion() async throws -> Int64 { changes.current }
@@ -424,7 +429,7 @@ extension PostgresStore: HopStorage {
                     UPDATE runs SET lease_expires_at = \(PostgresStore.serverNow) + $3
                     WHERE id = ANY($1) AND owner = $2 AND status = 'running' RETURNING id
                     """,
-                    [.ints(runIDs), .text(owner), .int(leaseLength(until: until))]
+                    [.ints(runIDs), .text(owner), .int(self.leaseLength(until: until))]
                 ) { try $0.int64(0) })
         }
     }
@@ -523,7 +528,7 @@ extension PostgresStore: HopStorage {
         try await transaction("mark \(feature) used") { tx in
             try await tx.run(
                 "INSERT INTO first_use (subject, feature, used_at) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
-                [.text(subject), .text(feature), .int(Clock.milliseconds(now()))])
+                [.text(subject), .text(feature), .int(Clock.milliseconds(self.now()))])
         }
     }
 
@@ -550,7 +555,7 @@ extension PostgresStore: HopStorage {
                     created_at = EXCLUDED.created_at, expires_at = EXCLUDED.expires_at
                 """,
                 [
-                    .text(subject), .text(userID), .text(token), .int(Clock.milliseconds(now())),
+                    .text(subject), .text(userID), .text(token), .int(Clock.milliseconds(self.now())),
                     .optional(expiresAt.map(Clock.milliseconds)),
                 ])
             let unhopped = try await tx.unhopLoginSteps(subject: subject, userID: userID, operation: operation)
@@ -622,7 +627,7 @@ extension PostgresStore: HopStorage {
                 """
                 INSERT INTO facts (subject, key, value, updated_at) VALUES ($1, $2, $3, $4)
                 ON CONFLICT (subject, key) DO UPDATE SET value = EXCLUDED.value, updated_at = EXCLUDED.updated_at
-                """, [.text(subject), .text(key), .text(value), .int(Clock.milliseconds(now()))])
+                """, [.text(subject), .text(key), .text(value), .int(Clock.milliseconds(self.now()))])
         }
     }
 }

@@ -150,19 +150,27 @@ public final class PostgresStore: Sendable {
 
     /// Runs `body` in one transaction (`BEGIN` … `COMMIT`, rolled back when it throws), again
     /// from the start when the server broke a deadlock by aborting it, or when the connection
-    /// was lost before `COMMIT` was sent (``isConnectionLost(_:)``: nothing of it was committed).
-    /// A connection lost while committing is an error: whether the commit took is unknown.
+    /// was lost before `COMMIT` was sent (``isConnectionLost(_:)``, ``ConnectionClosed``: nothing
+    /// of it was committed). A connection lost while committing is an error: whether the commit
+    /// took is unknown.
     @discardableResult
     func transaction<Result: Sendable>(
-        _ operation: String, _ body: @Sendable (PostgresTransaction) async throws -> Result
+        _ operation: String, _ body: @escaping @Sendable (PostgresTransaction) async throws -> Result
     ) async throws -> Result {
         var attempt = 0
         while true {
             attempt += 1
+            // Set once the body is done: the COMMIT is then under way.
+            let committing = Atomic<Bool>(false)
             do {
-                return try await client.withConnection { connection in
+                return try await client.withWatchedConnection(closedError: {
+                    ConnectionClosed(whileCommitting: committing.load(ordering: .relaxed))
+                }) { connection in
                     try await connection.withTransaction(logger: Self.quiet) { connection in
-                        try await body(PostgresTransaction(connection: connection, store: self, operation: operation))
+                        let result = try await body(
+                            PostgresTransaction(connection: connection, store: self, operation: operation))
+                        committing.store(true, ordering: .relaxed)
+                        return result
                     }
                 }
             } catch {
@@ -171,6 +179,11 @@ public final class PostgresStore: Sendable {
                     if Self.isRetryable(failure) { continue }
                     let committing = (error as? PostgresTransactionError)?.commitError != nil
                     if !committing, Self.isConnectionLost(failure), await Self.pause(before: attempt + 1) { continue }
+                }
+                if attempt < Self.attempts, let closed = cause as? ConnectionClosed, !closed.whileCommitting,
+                    await Self.pause(before: attempt + 1)
+                {
+                    continue
                 }
                 throw map(cause, operation: operation)
             }
@@ -188,7 +201,7 @@ public final class PostgresStore: Sendable {
     }
 
     /// Runs one read statement outside a transaction; again, on another connection, when the
-    /// connection was lost (``isConnectionLost(_:)``).
+    /// connection was lost (``isConnectionLost(_:)``, ``ConnectionClosed``).
     func read<T: Sendable>(
         _ sql: String, _ values: [PostgresValue] = [], operation: String, _ decode: (Row) throws -> T
     ) async throws -> [T] {
@@ -196,14 +209,14 @@ public final class PostgresStore: Sendable {
         while true {
             attempt += 1
             do {
-                let rows = try await client.query(PostgresValue.query(sql, values), logger: Self.quiet).collect()
+                let query = PostgresValue.query(sql, values)
+                let rows = try await client.withWatchedConnection { connection in
+                    try await connection.query(query, logger: Self.quiet).collect()
+                }
                 return try rows.map { try decode(Row($0)) }
             } catch {
-                if attempt < Self.attempts, let failure = error as? PSQLError, Self.isConnectionLost(failure),
-                    await Self.pause(before: attempt + 1)
-                {
-                    continue
-                }
+                let lost = (error as? PSQLError).map(Self.isConnectionLost) ?? (error is ConnectionClosed)
+                if attempt < Self.attempts, lost, await Self.pause(before: attempt + 1) { continue }
                 throw map(error, operation: operation)
             }
         }
@@ -271,6 +284,14 @@ public final class PostgresStore: Sendable {
                 .postgres, operation: operation, path: location,
                 reason: "cannot talk to the server (\(error.code))",
                 hint: "Check that PostgreSQL runs and that the URL's host, port, user and password are right")
+        }
+        if let error = error as? ConnectionClosed {
+            return HopError(
+                .postgres, operation: operation, path: location,
+                reason: error.whileCommitting
+                    ? "the connection to the server closed while committing: whether the change was made is unknown"
+                    : "the connection to the server closed before the server answered",
+                hint: "Check that PostgreSQL runs (a restart or an operator ending sessions closes connections)")
         }
         if error is CancellationError {
             return HopError(.postgres, operation: operation, path: location, reason: "cancelled")

@@ -191,7 +191,7 @@ public struct PostgresURL: Sendable, Equatable, CustomStringConvertible, CustomR
     }
 
     /// The connection configuration of a connection of its own (liveness locks, notifications).
-    func connectionConfiguration() throws -> PostgresConnection.Configuration {
+    package func connectionConfiguration() throws -> PostgresConnection.Configuration {
         var configuration: PostgresConnection.Configuration
         if let socketDirectory {
             configuration = PostgresConnection.Configuration(

@@ -171,6 +171,29 @@ public final class PostgresServer: Sendable {
             ])
     }
 
+    /// A psql session of its own in `database` that has run `sql` (which may begin a
+    /// transaction and take locks) and stays in it, holding what it took, until its input is
+    /// closed (``ChildProcess/closeInput()``: psql exits, and an open transaction is rolled back)
+    /// or it is killed. Returns once `sql` ran.
+    public func session(
+        running sql: String, database: String, in directory: TemporaryDirectory
+    ) async throws -> ChildProcess {
+        let marker = "session-ready-\(UUID().uuidString.prefix(8))"
+        let session = try ChildProcess(
+            "\(binaries)/psql",
+            [
+                "-h", socketDirectory, "-p", "\(port)", "-U", user, "-d", database, "-X", "-q", "-A", "-t",
+                "-v", "ON_ERROR_STOP=1",
+            ], stdin: "\(sql);\nSELECT '\(marker)';\n", keepInputOpen: true, directory: directory)
+        do {
+            try await session.waitForOutput(marker)
+        } catch {
+            session.kill()
+            throw TestFailure("psql did not run \(sql): \(session.stderr)")
+        }
+        return session
+    }
+
     /// Creates database `name`, empty.
     public func createDatabase(_ name: String) async throws {
         try await psql("CREATE DATABASE \"\(name)\"")
