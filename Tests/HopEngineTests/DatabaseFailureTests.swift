@@ -489,6 +489,32 @@ import Testing
         #expect(again.count == 1 && again[0].contains("\"hop.failures\": \(failures)"), "\(again)")
     }
 
+    /// A lease renewal that fails is tried again half a second later, not a third of a lease
+    /// later: once the database answers again after an outage longer than a lease (every lease
+    /// of the fleet has then expired), the engine renews its leases at the first chance, before
+    /// another engine takes its runs as expired. Before, the next try came a third of a lease
+    /// later: 3.3 s with the default lease, 20 s with a lease of a minute.
+    @Test func aLeaseRenewalThatFailsIsTriedAgainHalfASecondLater() async throws {
+        let folder = try TemporaryDirectory()
+        // Renewals every 5 s.
+        let (storage, _, service) = try await Self.readyEngine(
+            folder, configuration: .init(leaseDuration: .seconds(15)))
+        defer { service.cancel() }
+        let ready = ContinuousClock.now
+        let renewal = "renewLeases(owner:runIDs:until:)"
+        storage.fail(renewal, times: 1)
+        try await HopStoreTestSupport.waitUntil("a renewal succeeded after the failed one", timeout: .seconds(30)) {
+            let renewals = storage.trace.components(separatedBy: ", ").filter { $0.hasPrefix(renewal) }
+            return renewals.count >= 2
+        }
+        let took = ContinuousClock.now - ready
+        let renewals = storage.trace.components(separatedBy: ", ").filter { $0.hasPrefix(renewal) }
+        #expect(renewals.prefix(2) == ["\(renewal) (failed)", renewal], "\(renewals)")
+        // The first renewal comes 5 s after the engine is ready, its retry half a second later;
+        // the next regular one would come 10 s after.
+        #expect(took < .seconds(9), "the failed renewal was tried again \(took) after the engine was ready")
+    }
+
     /// The whole start-up flow, steered as an operator would (onboarding unhopped, a session
     /// stored), once for every call the engine and the steering make to the database, that call
     /// failing: wherever the database fails once, the run goes on at once (a failed command is
