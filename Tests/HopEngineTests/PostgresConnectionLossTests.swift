@@ -128,12 +128,14 @@ import Testing
         let holding = Task {
             try await holder.query("SELECT pg_advisory_lock(\(key))", logger: Self.quiet).collect().count
         }
-        try await waitUntil("the other session waits for the lock") {
+        /// Whether one session waits for an advisory lock.
+        func oneWaits() async throws -> Bool {
             let rows = try await admin.query(
                 "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted", logger: Self.quiet
             ).collect()
             return try rows.first?.decode(Int64.self) == 1
         }
+        try await waitUntil("the other session waits for the lock") { try await oneWaits() }
         _ = try await admin.query(
             "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
             logger: Self.quiet
@@ -143,12 +145,7 @@ import Testing
         try await waitUntil("the engine's session was ended", timeout: .seconds(20)) {
             said("lost the connection holding this engine's liveness lock")
         }
-        try await waitUntil("the engine waits to take its lock again") {
-            let rows = try await admin.query(
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted", logger: Self.quiet
-            ).collect()
-            return try rows.first?.decode(Int64.self) == 1
-        }
+        try await waitUntil("the engine waits to take its lock again") { try await oneWaits() }
 
         let claims = Claims()
         func claim(_ name: String) -> Task<Void, Never> {
