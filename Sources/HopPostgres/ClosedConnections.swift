@@ -82,6 +82,13 @@ package enum ClosedConnections {
 }
 
 extension PostgresClient {
+    /// The rows of `query`, run on a connection of the pool that is watched for its close.
+    func rows(of query: PostgresQuery) async throws -> [PostgresRow] {
+        try await withWatchedConnection { connection in
+            try await connection.query(query, logger: PostgresStore.quiet).collect()
+        }
+    }
+
     /// `body` on a connection of the pool, ending when that connection closes (see ``ClosedConnections``).
     func withWatchedConnection<T: Sendable>(
         closedError: @escaping @Sendable () -> any Error = { ConnectionClosed() },

@@ -150,9 +150,8 @@ public final class PostgresStore: Sendable {
 
     /// Runs `body` in one transaction (`BEGIN` … `COMMIT`, rolled back when it throws), again
     /// from the start when the server broke a deadlock by aborting it, or when the connection
-    /// was lost before `COMMIT` was sent (``isConnectionLost(_:)``, ``ConnectionClosed``: nothing
-    /// of it was committed). A connection lost while committing is an error: whether the commit
-    /// took is unknown.
+    /// was lost before `COMMIT` was sent (``isConnectionLost(_:)``: nothing of it was committed).
+    /// A connection lost while committing is an error: whether the commit took is unknown.
     @discardableResult
     func transaction<Result: Sendable>(
         _ operation: String, _ body: @escaping @Sendable (PostgresTransaction) async throws -> Result
@@ -161,29 +160,24 @@ public final class PostgresStore: Sendable {
         while true {
             attempt += 1
             // Set once the body is done: the COMMIT is then under way.
-            let committing = Atomic<Bool>(false)
+            let bodyDone = Atomic<Bool>(false)
             do {
                 return try await client.withWatchedConnection(closedError: {
-                    ConnectionClosed(whileCommitting: committing.load(ordering: .relaxed))
+                    ConnectionClosed(whileCommitting: bodyDone.load(ordering: .relaxed))
                 }) { connection in
                     try await connection.withTransaction(logger: Self.quiet) { connection in
                         let result = try await body(
                             PostgresTransaction(connection: connection, store: self, operation: operation))
-                        committing.store(true, ordering: .relaxed)
+                        bodyDone.store(true, ordering: .relaxed)
                         return result
                     }
                 }
             } catch {
                 let cause = Self.cause(of: error)
-                if attempt < Self.attempts, let failure = cause as? PSQLError {
-                    if Self.isRetryable(failure) { continue }
+                if attempt < Self.attempts {
+                    if let failure = cause as? PSQLError, Self.isRetryable(failure) { continue }
                     let committing = (error as? PostgresTransactionError)?.commitError != nil
-                    if !committing, Self.isConnectionLost(failure), await Self.pause(before: attempt + 1) { continue }
-                }
-                if attempt < Self.attempts, let closed = cause as? ConnectionClosed, !closed.whileCommitting,
-                    await Self.pause(before: attempt + 1)
-                {
-                    continue
+                    if !committing, Self.isConnectionLost(cause), await Self.pause(before: attempt + 1) { continue }
                 }
                 throw map(cause, operation: operation)
             }
@@ -201,7 +195,7 @@ public final class PostgresStore: Sendable {
     }
 
     /// Runs one read statement outside a transaction; again, on another connection, when the
-    /// connection was lost (``isConnectionLost(_:)``, ``ConnectionClosed``).
+    /// connection was lost (``isConnectionLost(_:)``).
     func read<T: Sendable>(
         _ sql: String, _ values: [PostgresValue] = [], operation: String, _ decode: (Row) throws -> T
     ) async throws -> [T] {
@@ -209,14 +203,12 @@ public final class PostgresStore: Sendable {
         while true {
             attempt += 1
             do {
-                let query = PostgresValue.query(sql, values)
-                let rows = try await client.withWatchedConnection { connection in
-                    try await connection.query(query, logger: Self.quiet).collect()
-                }
+                let rows = try await client.rows(of: PostgresValue.query(sql, values))
                 return try rows.map { try decode(Row($0)) }
             } catch {
-                let lost = (error as? PSQLError).map(Self.isConnectionLost) ?? (error is ConnectionClosed)
-                if attempt < Self.attempts, lost, await Self.pause(before: attempt + 1) { continue }
+                if attempt < Self.attempts, Self.isConnectionLost(error), await Self.pause(before: attempt + 1) {
+                    continue
+                }
                 throw map(error, operation: operation)
             }
         }
@@ -229,8 +221,11 @@ public final class PostgresStore: Sendable {
     /// nothing of it: the server restarted or ended the session (SQLSTATE class 57P: an
     /// operator's `pg_ctl restart`, `pg_terminate_backend`, a failover), the pool handed out a
     /// connection the server had just closed, or the server could not be reached while it
-    /// restarted. The statement runs again on another connection.
-    static func isConnectionLost(_ error: PSQLError) -> Bool {
+    /// restarted, or the connection closed before the statement was answered (``ConnectionClosed``,
+    /// unless its transaction was committing). The statement runs again on another connection.
+    static func isConnectionLost(_ error: any Error) -> Bool {
+        if let closed = error as? ConnectionClosed { return !closed.whileCommitting }
+        guard let error = error as? PSQLError else { return false }
         if let state = error.serverInfo?[.sqlState] { return state.hasPrefix("57P") }
         return error.code == .clientClosedConnection || error.code == .serverClosedConnection
             || error.code == .connectionError

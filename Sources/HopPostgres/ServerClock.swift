@@ -84,11 +84,7 @@ final class ServerClock: Sendable {
             }
         }
         let before = Date()
-        let rows = try await client.withWatchedConnection { connection in
-            try await connection.query(
-                PostgresValue.query("SELECT \(PostgresStore.serverNow)", []), logger: PostgresStore.quiet
-            ).collect()
-        }
+        let rows = try await client.rows(of: PostgresValue.query("SELECT \(PostgresStore.serverNow)", []))
         let after = Date()
         let now = ContinuousClock.now
         let roundTrip = now - started
