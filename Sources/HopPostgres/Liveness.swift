@@ -14,6 +14,8 @@ import Synchronization
 ///
 /// The lock is taken in the background; the store waits for it (``held()``) before it records
 /// the incarnation as the owner of any run, so no run is ever held by an owner without its lock.
+/// The incarnation's leases are renewed on the lock's connection, so they never wait for the
+/// pool of connections its other statements share.
 package final class AdvisoryLock: Sendable {
     /// The lock's key.
     let key: Int64
@@ -39,8 +41,10 @@ package final class AdvisoryLock: Sendable {
         task.cancel()  // closes the connection: the server lets go of the lock
     }
 
-    /// Waits until the lock is held; throws when it could not be taken.
-    func held() async throws { try await state.held() }
+    /// Waits until the lock is held and returns the connection that holds it; throws when it
+    /// could not be taken.
+    @discardableResult
+    func held() async throws -> PostgresConnection { try await state.held() }
 
     /// Connects, takes the lock and keeps the connection until cancelled (the incarnation ended).
     ///
@@ -72,7 +76,7 @@ package final class AdvisoryLock: Sendable {
                     try? await connection.close()
                     throw error
                 }
-                state.settle(.success(()))
+                state.settle(.success(connection))
                 if everHeld && failures.failures == 0 {
                     logger.notice(lockLines.over, metadata: ["hop.lock": "\(key)"])
                 } else if everHeld {
@@ -116,28 +120,29 @@ private let listenLines = RepeatedFailures.Lines(
 
 /// Whether an ``AdvisoryLock`` is held yet, and who waits for it.
 private final class LockState: Sendable {
-    private typealias Waiter = CheckedContinuation<Void, any Error>
+    private typealias Waiter = CheckedContinuation<PostgresConnection, any Error>
 
     private enum State {
         /// Those waiting, by the number each was given.
         case acquiring([Int: Waiter])
-        case held
+        /// On this connection.
+        case held(PostgresConnection)
         case failed(HopError)
     }
 
     private let state = Mutex<(state: State, nextWaiter: Int)>((.acquiring([:]), 0))
 
-    /// Waits until the lock is held; throws the error of a final failure to take it, or
-    /// `CancellationError` when the task is cancelled before (an engine that stops while the
-    /// server is away must not wait for it to come back).
-    func held() async throws {
+    /// Waits until the lock is held and returns its connection; throws the error of a final
+    /// failure to take it, or `CancellationError` when the task is cancelled before (an engine
+    /// that stops while the server is away must not wait for it to come back).
+    func held() async throws -> PostgresConnection {
         let number = state.withLock { state in
             defer { state.nextWaiter += 1 }
             return state.nextWaiter
         }
-        try await withTaskCancellationHandler {
+        return try await withTaskCancellationHandler {
             try await withCheckedThrowingContinuation { (continuation: Waiter) in
-                let outcome = state.withLock { state -> Result<Void, any Error>? in
+                let outcome = state.withLock { state -> Result<PostgresConnection, any Error>? in
                     switch state.state {
                     case .acquiring(var waiting):
                         // Cancelled before it could wait: the handler below found nothing to end.
@@ -145,7 +150,7 @@ private final class LockState: Sendable {
                         waiting[number] = continuation
                         state.state = .acquiring(waiting)
                         return nil
-                    case .held: return .success(())
+                    case .held(let connection): return .success(connection)
                     case .failed(let error): return .failure(error)
                     }
                 }
@@ -164,11 +169,11 @@ private final class LockState: Sendable {
 
     /// Ends an attempt to take the lock: those waiting are told how it went. A failure that is
     /// `final` fails every later wait too; another leaves the next attempt to be waited for.
-    func settle(_ outcome: Result<Void, HopError>, final: Bool = true) {
+    func settle(_ outcome: Result<PostgresConnection, HopError>, final: Bool = true) {
         let waiting = state.withLock { state -> [Waiter] in
             guard case .acquiring(let waiting) = state.state else { return [] }
             switch outcome {
-            case .success: state.state = .held
+            case .success(let connection): state.state = .held(connection)
             case .failure(let error): state.state = final ? .failed(error) : .acquiring([:])
             }
             return Array(waiting.values)

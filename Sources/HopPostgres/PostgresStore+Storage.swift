@@ -419,18 +419,42 @@ extension PostgresStore: HopStorage {
         }
     }
 
+    /// Renews `owner`'s leases of `runIDs`. An incarnation made here renews them on the
+    /// connection that holds its liveness lock, once the lock is held: never behind the
+    /// statements waiting for a connection of the pool (a burst of writes, rows another client
+    /// locked), nor for the pool to connect again after an outage, when it pauses up to a minute
+    /// between tries. The lock's connection connects again within 5 s, and the renewal goes
+    /// through as soon as the lock is held again: within the grace after a server's start
+    /// (``graceAfterServerStart``) that keeps other engines from taking the runs as expired.
     @discardableResult
     package func renewLeases(owner: String, runIDs: [Int64], until: Date) async throws -> Set<Int64> {
         guard !runIDs.isEmpty else { return [] }
-        return try await transaction("renew leases") { tx in
-            Set(
-                try await tx.query(
-                    """
-                    UPDATE runs SET lease_expires_at = \(PostgresStore.serverNow) + $3
-                    WHERE id = ANY($1) AND owner = $2 AND status = 'running' RETURNING id
-                    """,
-                    [.ints(runIDs), .text(owner), .int(self.leaseLength(until: until))]
-                ) { try $0.int64(0) })
+        let operation = "renew leases"
+        let sql = """
+            UPDATE runs SET lease_expires_at = \(PostgresStore.serverNow) + $3
+            WHERE id = ANY($1) AND owner = $2 AND status = 'running' RETURNING id
+            """
+        let values: [PostgresValue] = [.ints(runIDs), .text(owner), .int(leaseLength(until: until))]
+        guard let lock = locks.withLock({ $0[owner]?.lock }) else {
+            return try await transaction(operation) { tx in Set(try await tx.query(sql, values) { try $0.int64(0) }) }
+        }
+        var attempt = 0
+        while true {
+            attempt += 1
+            do {
+                let connection = try await lock.held()
+                // One statement, so one transaction of its own.
+                let rows = try await ClosedConnections.run(on: connection) { connection in
+                    try await connection.query(PostgresValue.query(sql, values), logger: Self.quiet).collect()
+                }
+                return Set(try rows.map { try Row($0).int64(0) })
+            } catch {
+                // The lock's connection went: the lock is taken again on a new one, and waited for.
+                if attempt < Self.attempts, Self.isConnectionLost(error), await Self.pause(before: attempt + 1) {
+                    continue
+                }
+                throw map(error, operation: operation)
+            }
         }
     }
 
@@ -448,7 +472,7 @@ extension PostgresStore: HopStorage {
     /// Releases the runs of owners whose liveness lock no session of the server holds: their
     /// connection, hence their process, is gone.
     ///
-    /// Not within ``livenessGraceAfterServerStart`` of the server's start: a restart ends every
+    /// Not within ``graceAfterServerStart`` of the server's start: a restart ends every
     /// session, so no lock is held until each engine has connected again (with a pause of up to
     /// 5 s while the server was away). Before, the first engine back took the others' runs in
     /// flight, and their steps ran again beside the ones still running. Meanwhile a run whose
@@ -463,14 +487,14 @@ extension PostgresStore: HopStorage {
             CROSS JOIN LATERAL (SELECT ('x' || right(r.owner, 16))::bit(64)::bigint AS key) AS k
             WHERE r.owner IS NOT NULL AND r.status = 'running' AND r.owner <> $1
                 AND r.owner ~ '#[0-9a-fA-F]{16}$'
-                AND extract(epoch FROM clock_timestamp() - pg_postmaster_start_time()) * 1000 > $2
+                AND \(PostgresStore.serverAge) > $2
                 AND NOT EXISTS (
                     SELECT 1 FROM pg_locks l
                     WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
                         AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
                         AND l.classid::bigint = (k.key >> 32) & 4294967295
                         AND l.objid::bigint = k.key & 4294967295)
-            """, [.text(own.id), .int(Self.livenessGraceAfterServerStart)],
+            """, [.text(own.id), .int(Self.graceAfterServerStart)],
             operation: "list the engines that are gone"
         ) { try $0.text(0) }
         guard !dead.isEmpty else { return [] }
@@ -495,11 +519,11 @@ extension PostgresStore: HopStorage {
             runs += try await read(
                 """
                 SELECT \(RunRecord.pgColumns) FROM runs
-                WHERE status = 'running' AND flow = $1 AND (owner IS NULL OR lease_expires_at < \(PostgresStore.serverNow))
-                    AND flow_version = ANY($2)
+                WHERE status = 'running' AND flow = $1
+                    AND (owner IS NULL OR \(PostgresStore.leaseRunOut(grace: "$4"))) AND flow_version = ANY($2)
                 ORDER BY id LIMIT $3
                 """,
-                [.text(flow), .texts(flowVersions), .int(Int64(max(0, limit)))],
+                [.text(flow), .texts(flowVersions), .int(Int64(max(0, limit))), .int(Self.graceAfterServerStart)],
                 operation: "list runs to resume of \(flow)", RunRecord.init(pg:))
         }
         return Array(runs.sorted { $0.id < $1.id }.prefix(limit))
@@ -713,7 +737,7 @@ extension PostgresTransaction {
     }
 
     /// Claims the running runs `selection` (over `$1`) picks that nobody else holds: no owner,
-    /// the claimer itself, or an expired lease. Records a takeover where one changes hands.
+    /// the claimer itself, or a lease that ran out (``PostgresStore/leaseRunOut(grace:)``). Records a takeover where one changes hands.
     func claim(
         _ selection: String, _ selected: PostgresValue, owner: String, until: Date, skipLocked: Bool
     ) async throws -> [RunRecord] {
@@ -722,14 +746,14 @@ extension PostgresTransaction {
             WITH free AS (
                 SELECT id, last_owner FROM runs
                 WHERE \(selection) AND status = 'running'
-                    AND (owner IS NULL OR owner = $2 OR lease_expires_at < \(PostgresStore.serverNow))
+                    AND (owner IS NULL OR owner = $2 OR \(PostgresStore.leaseRunOut(grace: "$4")))
                 ORDER BY id FOR UPDATE\(skipLocked ? " SKIP LOCKED" : "")
             )
             UPDATE runs SET owner = $2, last_owner = $2, lease_expires_at = \(PostgresStore.serverNow) + $3
             FROM free WHERE runs.id = free.id
             RETURNING \(RunRecord.pgQualifiedColumns), free.last_owner
             """,
-            [selected, .text(owner), .int(store.leaseLength(until: until))]
+            [selected, .text(owner), .int(store.leaseLength(until: until)), .int(PostgresStore.graceAfterServerStart)]
         ) { (try RunRecord(pg: $0), try $0.optionalText(13)) }
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]

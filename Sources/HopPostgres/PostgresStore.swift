@@ -41,9 +41,28 @@ public final class PostgresStore: Sendable {
     static let channel = "hop_changes"
 
     /// How long after the server starts no engine is taken for dead for want of its liveness
-    /// lock (``releaseRunsOfDeadIncarnations(except:)``), in milliseconds: three times the
-    /// longest pause between two tries of an engine to take its lock again (5 s).
-    static let livenessGraceAfterServerStart: Int64 = 15_000
+    /// lock (``releaseRunsOfDeadIncarnations(except:)``), and no lease is taken as run out
+    /// (``leaseRunOut(grace:)``), in milliseconds: three times the longest pause between two
+    /// tries of an engine to take its lock again (5 s), after which it renews its leases at once
+    /// (``renewLeases(owner:runIDs:until:)``).
+    static let graceAfterServerStart: Int64 = 15_000
+
+    /// How long ago the server started, in milliseconds, as SQL.
+    static let serverAge = "extract(epoch FROM clock_timestamp() - pg_postmaster_start_time()) * 1000"
+
+    /// Whether the lease of a run (a row of `runs`) has run out, as SQL: its end has passed by
+    /// the server's clock, and the server started more than ``graceAfterServerStart`` ago, which
+    /// the statement binds to the placeholder `grace`.
+    ///
+    /// The server's clock moves on while the server is stopped or restarting, so when it is back
+    /// after an outage longer than a lease, every lease of the fleet has run out. Without the
+    /// grace, the engine back first took the runs the others were executing, and their steps
+    /// ran a second time beside the first. With it, each owner has the time to take its liveness
+    /// lock again and renew its leases. A run whose owner is gone is taken over once the grace
+    /// has passed, or sooner when its owner's liveness lock says it is gone.
+    static func leaseRunOut(grace: String) -> String {
+        "(lease_expires_at < \(serverNow) AND \(serverAge) > \(grace))"
+    }
 
     /// The server's clock, in milliseconds since the Unix epoch, as SQL. Leases are written and
     /// judged by it: the machines of a fleet need not agree on the time. (By the engines' own

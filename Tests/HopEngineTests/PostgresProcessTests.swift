@@ -144,12 +144,14 @@ import Testing
         #expect(try await store.run(id: 1)?.status == .parked)
     }
 
-    /// Daemon A on `url` (a lease of a minute), in its splash until its input closes: the
-    /// splash's hop is written.
-    static func ownerInItsSplash(url: String, in folder: TemporaryDirectory) async throws -> ChildProcess {
+    /// Daemon A on `url` (a lease of a minute unless told otherwise), in its splash until its
+    /// input closes: the splash's hop is written.
+    static func ownerInItsSplash(
+        url: String, in folder: TemporaryDirectory, lease: Int = 60
+    ) async throws -> ChildProcess {
         let owner = try ChildProcess(
             "hop-test-daemon",
-            ["--db", url, "--files", folder.database, "--external", "--engine-id", "A", "--lease", "60"],
+            ["--db", url, "--files", folder.database, "--external", "--engine-id", "A", "--lease", "\(lease)"],
             environment: ["HOP_TEST_SPLASH_WAITS": "1"], keepInputOpen: true, directory: folder)
         do {
             try await owner.waitForOutput("point after:hop:splash")
@@ -196,6 +198,60 @@ import Testing
         let back = ContinuousClock.now
         try await waitUntil("B has polled for a second with both locks back", timeout: .seconds(10)) {
             ContinuousClock.now - back > .seconds(1)
+        }
+        owner.closeInput()  // A's step ends: its unhop and the hop to onboarding are written
+        try await owner.waitForOutput("parked onboarding")
+        let store = try await PostgresStore.open(url: url)
+        defer { Task { await store.close() } }
+        let history = try await store.history(runID: 1)
+        #expect(history.allSatisfy { $0.kind != .takeover }, "the run changed hands: \(history.map(\.kind))")
+        #expect(bodyLines(in: folder).filter { $0 == "1 splash" }.count == 1, "the splash ran again")
+        #expect(!other.stdout.contains("executing run 1"), "B executed a run A holds")
+    }
+
+    /// An operator stops the server for longer than a lease (a major upgrade, a host's reboot):
+    /// the server's clock moves on meanwhile, so when it is back every lease of the fleet has
+    /// expired. The daemon that runs a step is slow to come back (here it is frozen for the
+    /// first seconds of the server; in production its pool of connections waits up to a minute
+    /// between tries after a long outage). Another daemon back first must not take its run as
+    /// expired: the owner renews its lease as soon as it holds its liveness lock again, and no
+    /// lease is taken as expired in the first 15 s of a server. Before, B took the run over as
+    /// soon as it was back, and the splash ran a second time beside the first.
+    @Test(.enabled(if: available))
+    func aServerStoppedForLongerThanALeaseNeverHandsARunInFlightToTheDaemonBackFirst() async throws {
+        let (server, url) = try await PostgresServer.ofItsOwn(database: "outage")
+        let folder = try TemporaryDirectory()
+        let owner = try await Self.ownerInItsSplash(url: url, in: folder, lease: 3)
+        defer { owner.kill() }
+        let other = try Self.daemon("B", url: url, in: folder, lease: 3)
+        defer { other.kill() }
+        try await other.waitForOutput("ready")
+        func holders() async throws -> Set<String> { Set(try await Self.livenessLockHolders(on: server, "outage")) }
+        try #require(try await holders().count == 2, "A's and B's liveness locks")
+
+        try await server.stop()
+        try await stopEveryThread(of: owner.processIdentifier)
+        defer { owner.kill(SIGCONT) }
+        let stopped = ContinuousClock.now
+        try await waitUntil("the server has been away for longer than a lease", timeout: .seconds(10)) {
+            ContinuousClock.now - stopped > .seconds(4)
+        }
+        try await server.startAgain()
+        let started = ContinuousClock.now
+        try await waitUntil("B holds its liveness lock again", timeout: .seconds(30)) {
+            (try? await holders())?.count == 1
+        }
+        // B polls every 20 ms: without the grace it takes the run well within these 3 s.
+        try await waitUntil("B has polled for 3 s", timeout: .seconds(10)) {
+            ContinuousClock.now - started > .seconds(3)
+        }
+        owner.kill(SIGCONT)
+        try await waitUntil("A holds its liveness lock again", timeout: .seconds(30)) {
+            (try? await holders())?.count == 2
+        }
+        // Past the grace, B would take a lease A did not renew.
+        try await waitUntil("the server is 17 s old", timeout: .seconds(30)) {
+            ContinuousClock.now - started > .seconds(17)
         }
         owner.closeInput()  // A's step ends: its unhop and the hop to onboarding are written
         try await owner.waitForOutput("parked onboarding")

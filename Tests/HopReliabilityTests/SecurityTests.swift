@@ -105,6 +105,8 @@ import Testing
             "RunRecord.pgColumns", "RunRecord.pgQualifiedColumns", "HistoryEntry.pgColumns", "RunStatus.pgUnfinished",
             "HistoryKind.pgStepEnds", #"skipLocked ? " SKIP LOCKED" : """#, #"locking ? " FOR UPDATE" : """#,
             "PostgresStore.serverNow",  // the server's clock, by which leases are measured
+            "PostgresStore.serverAge",  // how long ago the server started
+            #"PostgresStore.leaseRunOut(grace: "$4")"#,  // a lease's end, over a placeholder only
             "runColumns",  // a backend's column list of its run records (LatestRuns)
             // A file's condition on a lease, over placeholders only (HopStore+Ownership).
             #"leaseOver(wall: "?2", boot: "?5", uptime: "?6")"#,

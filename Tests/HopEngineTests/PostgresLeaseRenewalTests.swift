@@ -1,0 +1,76 @@
+import Foundation
+import HopPostgres
+import HopStore
+import HopTestSupport
+import PostgresNIO
+import Synchronization
+import Testing
+
+/// Where an engine's leases are renewed on PostgreSQL: on the connection that holds its liveness
+/// lock, so that a renewal never waits for the pool of connections its other statements share.
+@Suite struct PostgresLeaseRenewalTests {
+    /// Every connection of the engine's pool is busy (here each waits for a row another client
+    /// locked; in production, a burst of writes, or a pool that connects again after a long
+    /// outage and pauses up to a minute between its tries). The renewal still goes through, on
+    /// the liveness lock's connection, which connects again within 5 s. Before, it waited for a
+    /// connection of the pool: for as long as the other client held its row, and meanwhile the
+    /// lease ran out and another engine could take the run over.
+    @Test(.enabled(if: PostgresProcessTests.available))
+    func aLeaseIsRenewedWhileEveryConnectionOfThePoolWaits() async throws {
+        let folder = try TemporaryDirectory()
+        let url = try await TestBackend.postgres.location(folder)
+        let store = try await PostgresStore.open(url: url)
+        let incarnation = store.makeIncarnation(label: "A")  // holds its liveness lock while it lives
+        let owner = incarnation.id
+        let soon = Date().addingTimeInterval(60)
+        let held = try await store.startRun(
+            flow: "f", subject: "held", version: "1", owner: owner, until: soon, durability: .now
+        ).run
+        let blocked = try await store.startRun(
+            flow: "f", subject: "blocked", version: "1", owner: nil, until: nil, durability: .now
+        ).run
+
+        // Another client locks the row of run `blocked`; the engine's claims of it wait on every
+        // connection of its pool (20), and more claims wait for a connection.
+        let holder = try await PostgresConnectionLossTests.connect(url)
+        let admin = try await PostgresConnectionLossTests.connect(url)
+        let quiet = PostgresConnectionLossTests.quiet
+        _ = try await holder.query("BEGIN", logger: quiet).collect()
+        _ = try await holder.query("SELECT id FROM runs WHERE id = \(blocked.id) FOR UPDATE", logger: quiet).collect()
+        let claims = (0..<24).map { _ in
+            Task { try await store.claim(runID: blocked.id, owner: owner, until: soon) }
+        }
+        try await waitUntil("every connection of the pool waits for the locked row", timeout: .seconds(30)) {
+            let rows = try await admin.query(
+                """
+                SELECT count(*) FROM pg_stat_activity
+                WHERE datname = current_database() AND application_name = 'hop' AND wait_event_type = 'Lock'
+                """, logger: quiet
+            ).collect()
+            return try rows.first?.decode(Int64.self) == 20
+        }
+
+        let later = Date().addingTimeInterval(120)
+        let renewed = Mutex<Set<Int64>?>(nil)
+        let renewal = Task {
+            let ids = try await store.renewLeases(owner: owner, runIDs: [held.id], until: later)
+            renewed.withLock { $0 = ids }
+        }
+        var waited: (any Error)?
+        do {
+            try await waitUntil("the lease is renewed", timeout: .seconds(10)) { renewed.withLock { $0 } != nil }
+        } catch {
+            waited = error  // thrown once the other client let go, so that nothing is left waiting
+        }
+        _ = try await holder.query("ROLLBACK", logger: quiet).collect()
+        for claim in claims { _ = try await claim.value }
+        try await renewal.value
+        try await holder.close()
+        try await admin.close()
+        withExtendedLifetime(incarnation) {}
+        await store.close()
+
+        if let waited { throw waited }
+        #expect(renewed.withLock { $0 } == [held.id])
+    }
+}
