@@ -79,15 +79,22 @@ struct HopDemo: AsyncParsableCommand {
         narrator.say("hop-demo: database \(shown)")
 
         // Bootstrapped before the engine exists: the engine's metrics go to the process's MetricsSystem.
-        // The flow starts once the server listens: a port in use stops the daemon before it.
+        // The engine and the flow start once the server listens: a port in use stops the daemon
+        // before either begins anything (before, the engine had taken over a run in flight and
+        // entered its step again by then).
         let (listening, listened) = AsyncStream.makeStream(of: Void.self)
+        let (engineMayRun, engineGate) = AsyncStream.makeStream(of: Void.self)
         let metrics = metricsPort.map { port in
             MetricsEndpoint.bootstrap(port: port, logger: logger) { bound in
                 narrator.say("hop-demo: metrics at http://127.0.0.1:\(bound)/metrics")
                 listened.yield()
+                engineGate.yield()
             }
         }
-        if metrics == nil { listened.yield() }
+        if metrics == nil {
+            listened.yield()
+            engineGate.yield()
+        }
         let (events, continuation) = AsyncStream.makeStream(of: DemoService.Event.self)
         let systemd = SystemdNotifier().map(SystemdStatus.init)
         let store = try await HopDatabase.open(path, logger: logger)
@@ -112,7 +119,7 @@ struct HopDemo: AsyncParsableCommand {
             configuration: ServiceGroupConfiguration(
                 // Shut down in reverse order: the demo, the engine, then the metrics server.
                 services: (metrics.map { [ServiceGroupConfiguration.ServiceConfiguration(service: $0)] } ?? []) + [
-                    .init(service: engine),
+                    .init(service: AfterListening(service: engine, listening: engineMayRun)),
                     .init(service: demo, successTerminationBehavior: .gracefullyShutdownGroup),
                 ],
                 gracefulShutdownSignals: [.sigterm, .sigint],

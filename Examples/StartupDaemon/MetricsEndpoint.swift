@@ -55,3 +55,16 @@ enum MetricsEndpoint {
         }
     }
 }
+
+/// `service`, run once `listening` yields (the metrics server listens). A group that stops
+/// before (the port is in use, or the daemon is told to stop) never runs it.
+struct AfterListening<Wrapped: Service>: Service {
+    let service: Wrapped
+    let listening: AsyncStream<Void>
+
+    func run() async throws {
+        let listens = await cancelWhenGracefulShutdown { await listening.first { true } != nil }
+        guard listens == true, !Task.isCancelled else { return }
+        try await service.run()
+    }
+}

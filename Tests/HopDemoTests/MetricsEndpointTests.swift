@@ -99,4 +99,42 @@ import FoundationNetworking
             #expect(outOfRange.stderr.contains("--metrics-port is a TCP port"), "\(outOfRange.stderr)")
         }
     }
+
+    /// A daemon refused for a port in use begins nothing: a run in flight, left by a copy of the
+    /// daemon killed in its splash, is left as it was, for the next start to resume. Before, the
+    /// engine resumed it while the metrics server failed to listen: it took the run over and
+    /// entered the splash again (4 of 4 tries by hand), then stopped with the error.
+    @Test func aPortInUseLeavesARunInFlightAsItWas() async throws {
+        let busy = try TemporaryDirectory()
+        let first = try ChildProcess("hop-demo", ["--db", busy.database, "--metrics-port", "0"], directory: busy)
+        defer { first.kill() }
+        let port = try await metricsPort(of: first)
+
+        let folder = try await Self.runKilledInItsSplash()
+        let refused = try await run("hop-demo", ["--db", folder.database, "--metrics-port", "\(port)"], in: folder)
+        #expect(refused.status == 1, "\(refused.stdout)\(refused.stderr)")
+        #expect(refused.stderr.contains("cannot serve metrics on 127.0.0.1:\(port)"), "\(refused.stderr)")
+        let store = try await HopStore.open(path: folder.database)
+        let history = try await store.history(runID: 1)
+        #expect(history.map(\.kind) == [.hop], "the refused daemon touched the run: \(history.map(\.kind))")
+
+        let next = try await run("hop-demo", ["--auto", "--db", folder.database], in: folder)
+        #expect(next.status == 0, "\(next.stdout)\(next.stderr)")
+        #expect(next.stdout.contains("resuming run 1"), "\(next.stdout)")
+    }
+
+    /// A database whose run 1 is in flight in its splash: `hop-demo` killed (SIGKILL) there.
+    /// The splash lasts half a second; a kill that came after it is tried again on a new database.
+    static func runKilledInItsSplash() async throws -> TemporaryDirectory {
+        for _ in 0..<5 {
+            let folder = try TemporaryDirectory()
+            let demo = try ChildProcess("hop-demo", ["--db", folder.database], directory: folder)
+            try await demo.waitForOutput("-> splash")
+            demo.kill()
+            _ = try await demo.waitForExit()
+            let store = try await HopStore.open(path: folder.database)
+            if try await store.history(runID: 1).map(\.kind) == [.hop] { return folder }
+        }
+        throw TestFailure("hop-demo was never killed in its splash in 5 tries")
+    }
 }
