@@ -272,6 +272,8 @@ extension PostgresStore: HopStorage {
         let operation =
             writes.count == 1 ? writes[0].operation(runID: runID) : "record \(writes.count) entries of run \(runID)"
         return try await transaction(operation) { tx in
+            // Before any row of the run: a park until a login or logout is ordered with those.
+            if writes.contains(where: \.parksUntilASessionChange) { try await tx.lockSubject(ofRun: runID) }
             var entries: [HistoryEntry] = []
             for write in writes { entries.append(try await tx.record(write, runID: runID, owner: owner)) }
             if owner == nil { try await tx.notifyChange() }
@@ -572,6 +574,7 @@ extension PostgresStore: HopStorage {
         try StorageRules(location: location).checkSession(token: token, expiresAt: expiresAt, now: now())
         let operation = "store session of \(subject)"
         return try await transaction(operation) { tx in
+            try await tx.lockSubject(subject)
             try await tx.run(
                 """
                 INSERT INTO sessions (subject, user_id, token, created_at, expires_at) VALUES ($1, $2, $3, $4, $5)
@@ -594,6 +597,7 @@ extension PostgresStore: HopStorage {
         if let userID { try validate(userID, as: "user id") }
         let operation = "delete session of \(subject)"
         return try await transaction(operation) { tx in
+            try await tx.lockSubject(subject)
             if let userID {
                 let stored = try await tx.queryOne(
                     "SELECT user_id FROM sessions WHERE subject = $1 FOR UPDATE", [.text(subject)]
@@ -622,8 +626,15 @@ extension PostgresStore: HopStorage {
         let operation = "expire sessions"
         return try await transaction(operation) { tx in
             var rerouted: [Int64] = []
+            // Each subject's lock before its session's row, in one order: as a login takes them.
+            let expired = try await tx.query("SELECT subject FROM sessions WHERE expires_at <= $1", [.int(due)]) {
+                try $0.text(0)
+            }
+            for subject in expired.sorted() { try await tx.lockSubject(subject) }
+            // Those of them still expired: a login meanwhile stored a new session.
             let subjects = try await tx.query(
-                "DELETE FROM sessions WHERE expires_at <= $1 RETURNING subject", [.int(due)]
+                "DELETE FROM sessions WHERE subject = ANY($1) AND expires_at <= $2 RETURNING subject",
+                [.texts(expired), .int(due)]
             ) { try $0.text(0) }
             for subject in subjects.sorted() {
                 rerouted += try await tx.rerouteSessionSteps(

@@ -75,11 +75,11 @@ import Testing
         let owner = try Self.daemon("A", url: url, in: folder, slowSplash: true)
         defer { owner.kill() }
         try await owner.waitForOutput("point after:hop:splash")
-        // The backends holding an advisory lock in this database: A's liveness connection.
+        // The backends holding a one-key advisory lock in this database: A's liveness connection.
         func holders() async throws -> [String] {
             try await TestDatabases.shared.psql(
                 """
-                SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted
+                SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 AND granted
                   AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) ORDER BY pid
                 """, in: folder
             ).split(whereSeparator: \.isNewline).map(String.init)
@@ -162,10 +162,12 @@ import Testing
         return owner
     }
 
-    /// The server processes that hold an advisory lock (an engine's liveness lock) in `database`, by pid.
+    /// The server processes that hold a one-key advisory lock (an engine's liveness lock; a
+    /// subject's lock, held for a transaction, has two keys) in `database`, by pid.
     static func livenessLockHolders(on server: PostgresServer, _ database: String) async throws -> [String] {
         try await server.psql(
-            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted ORDER BY pid", database: database
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 AND granted ORDER BY pid",
+            database: database
         ).split(whereSeparator: \.isNewline).map(String.init)
     }
 

@@ -57,6 +57,13 @@ package enum RunWrite: Sendable {
         return true
     }
 
+    /// Whether the write parks the run until a session of its subject is stored or removed
+    /// (a login or logout ends the step): on a server, the write is ordered with those.
+    package var parksUntilASessionChange: Bool {
+        if case .hop(_, _, true, .some, _) = self { return true }
+        return false
+    }
+
     /// What the write does, for messages: "hop run 5 to login".
     package func operation(runID: Int64) -> String {
         switch self {
