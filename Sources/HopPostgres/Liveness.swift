@@ -85,7 +85,7 @@ package final class AdvisoryLock: Sendable {
                 everHeld = true
                 // Held until the incarnation ends: then the connection closes and the server lets go.
                 await withTaskCancellationHandler {
-                    try? await connection.closeFuture.get()
+                    await keepAlive(connection)
                 } onCancel: {
                     connection.close().whenComplete { _ in }
                 }
@@ -102,6 +102,39 @@ package final class AdvisoryLock: Sendable {
                 failures.log(failure, to: logger, lockLines, metadata: ["hop.lock": "\(key)"])
                 try? await Task.sleep(for: .milliseconds(min(5000, 100 << min(failures.failures, 6))))
             }
+        }
+    }
+}
+
+extension AdvisoryLock {
+    /// How long the lock's connection may stay without a statement: as PostgresNIO's pool keeps
+    /// its idle connections alive.
+    static let keepAliveInterval = Duration.seconds(30)
+
+    /// Returns once `connection` closed. Meanwhile a statement runs on it every
+    /// ``keepAliveInterval``, besides the lease renewals (which run only while the engine holds
+    /// runs). An idle connection is the first a NAT or a firewall forgets (after minutes, for
+    /// many), without either end knowing: the server would keep the lock until its own TCP
+    /// keep-alive gave up (hours by default), and the engine's next renewal on it would wait
+    /// until the kernel gave up on the connection, while the leases ran out. A keep-alive that
+    /// fails closes the connection: the lock is taken again on a new one.
+    static func keepAlive(_ connection: PostgresConnection) async {
+        await withTaskGroup(of: Void.self) { group in
+            group.addTask { try? await connection.closeFuture.get() }
+            group.addTask {
+                while (try? await Task.sleep(for: keepAliveInterval)) != nil {
+                    do {
+                        _ = try await ClosedConnections.run(on: connection) { connection in
+                            try await connection.query("SELECT 1", logger: PostgresStore.quiet).collect().count
+                        }
+                    } catch {
+                        try? await connection.close()
+                        return
+                    }
+                }
+            }
+            await group.next()
+            group.cancelAll()
         }
     }
 }

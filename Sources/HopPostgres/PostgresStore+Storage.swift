@@ -451,9 +451,11 @@ extension PostgresStore: HopStorage {
                 }
                 return Set(try rows.map { try Row($0).int64(0) })
             } catch {
-                // The lock's connection went: the lock is taken again on a new one, and waited for.
-                if attempt < Self.attempts, Self.isConnectionLost(error), await Self.pause(before: attempt + 1) {
-                    continue
+                if attempt < Self.attempts {
+                    // A deadlock the server broke (with a claim of the same runs), as for a transaction.
+                    if let failure = error as? PSQLError, Self.isRetryable(failure) { continue }
+                    // The lock's connection went: the lock is taken again on a new one, and waited for.
+                    if Self.isConnectionLost(error), await Self.pause(before: attempt + 1) { continue }
                 }
                 throw map(error, operation: operation)
             }
