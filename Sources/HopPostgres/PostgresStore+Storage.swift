@@ -632,7 +632,7 @@ extension PostgresStore: HopStorage {
             let expired = try await tx.query("SELECT subject FROM sessions WHERE expires_at <= $1", [.int(due)]) {
                 try $0.text(0)
             }
-            for subject in expired.sorted() { try await tx.lockSubject(subject) }
+            try await tx.lockSubjects(expired)
             // Those of them still expired: a login meanwhile stored a new session.
             let subjects = try await tx.query(
                 "DELETE FROM sessions WHERE subject = ANY($1) AND expires_at <= $2 RETURNING subject",
@@ -750,7 +750,8 @@ extension PostgresTransaction {
     }
 
     /// Claims the running runs `selection` (over `$1`) picks that nobody else holds: no owner,
-    /// the claimer itself, or a lease that ran out (``PostgresStore/leaseRunOut(grace:)``). Records a takeover where one changes hands.
+    /// the claimer itself, or a lease that ran out (``PostgresStore/leaseRunOut(grace:)``).
+    /// Records a takeover where one changes hands.
     func claim(
         _ selection: String, _ selected: PostgresValue, owner: String, until: Date, skipLocked: Bool
     ) async throws -> [RunRecord] {

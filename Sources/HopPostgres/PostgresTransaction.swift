@@ -53,9 +53,17 @@ struct PostgresTransaction: Sendable {
     /// subject's runs or session, so that two such transactions never wait for each other. An
     /// engine's liveness lock is a one-key advisory lock: the two never meet.
     func lockSubject(_ subject: String) async throws {
-        _ = try await query("SELECT pg_advisory_xact_lock(hashtext('hop.subject'), hashtext($1))", [.text(subject)]) {
-            _ in ()
-        }
+        try await lockSubjects([subject])
+    }
+
+    /// ``lockSubject(_:)`` for each of `subjects`, in one statement, in the order of their names
+    /// (as any two transactions that lock several take them, so neither waits for the other).
+    func lockSubjects(_ subjects: [String]) async throws {
+        guard !subjects.isEmpty else { return }
+        _ = try await query(
+            "SELECT pg_advisory_xact_lock(hashtext('hop.subject'), hashtext(s)) FROM unnest($1::text[]) AS s",
+            [.texts(subjects.sorted())]
+        ) { _ in () }
     }
 
     /// ``lockSubject(_:)`` for the subject of run `runID`.

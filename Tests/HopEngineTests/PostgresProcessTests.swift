@@ -201,14 +201,7 @@ import Testing
         try await waitUntil("B has polled for a second with both locks back", timeout: .seconds(10)) {
             ContinuousClock.now - back > .seconds(1)
         }
-        owner.closeInput()  // A's step ends: its unhop and the hop to onboarding are written
-        try await owner.waitForOutput("parked onboarding")
-        let store = try await PostgresStore.open(url: url)
-        defer { Task { await store.close() } }
-        let history = try await store.history(runID: 1)
-        #expect(history.allSatisfy { $0.kind != .takeover }, "the run changed hands: \(history.map(\.kind))")
-        #expect(bodyLines(in: folder).filter { $0 == "1 splash" }.count == 1, "the splash ran again")
-        #expect(!other.stdout.contains("executing run 1"), "B executed a run A holds")
+        try await Self.endSplash(of: owner, keptFrom: other, url: url, in: folder)
     }
 
     /// An operator stops the server for longer than a lease (a major upgrade, a host's reboot):
@@ -255,7 +248,15 @@ import Testing
         try await waitUntil("the server is 17 s old", timeout: .seconds(30)) {
             ContinuousClock.now - started > .seconds(17)
         }
-        owner.closeInput()  // A's step ends: its unhop and the hop to onboarding are written
+        try await Self.endSplash(of: owner, keptFrom: other, url: url, in: folder)
+    }
+
+    /// Ends A's splash (its input closes: the unhop and the hop to onboarding are written) and
+    /// checks that run 1 never changed hands: no takeover, the splash ran once, B never executed it.
+    static func endSplash(
+        of owner: ChildProcess, keptFrom other: ChildProcess, url: String, in folder: TemporaryDirectory
+    ) async throws {
+        owner.closeInput()
         try await owner.waitForOutput("parked onboarding")
         let store = try await PostgresStore.open(url: url)
         defer { Task { await store.close() } }

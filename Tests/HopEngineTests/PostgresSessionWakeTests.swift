@@ -33,11 +33,28 @@ import Testing
         #expect(stuck.isEmpty, "parked in main with no session: \(stuck.count) of 200")
     }
 
+    /// The same with each session expiring (an engine's watch removes it) at the moment its run
+    /// parks in main: subject `userN`'s session ends N ms after the others' first, and the
+    /// expiry removes the sessions due by then. Every run is re-routed.
+    @Test(.enabled(if: PostgresProcessTests.available))
+    func anExpiryAtTheMomentARunParksInMainAlwaysReroutesIt() async throws {
+        let base = Date().addingTimeInterval(600)
+        @Sendable func ending(_ subject: String) -> Date {
+            base.addingTimeInterval(Double(Int(subject.dropFirst(4)) ?? 0) / 1000)
+        }
+        let stuck = try await Self.race(parkingUntil: .sessionRemoved, sessionsBefore: true, endingAt: ending) {
+            store, subject in
+            _ = try await store.expireSessions(now: ending(subject))
+        }
+        #expect(stuck.isEmpty, "parked in main with no session: \(stuck.count) of 200")
+    }
+
     /// Runs of 200 subjects, each parked (by store A, as an engine) until `condition`, while store
     /// B applies `change` to the same subject, 20 subjects at a time; with `sessionsBefore`, each
-    /// subject has a session first. Returns the subjects whose run is still parked.
+    /// subject has a session first, which ends at `ending(subject)`. Returns the subjects whose
+    /// run is still parked.
     static func race(
-        parkingUntil condition: WakeCondition, sessionsBefore: Bool,
+        parkingUntil condition: WakeCondition, sessionsBefore: Bool, endingAt ending: (String) -> Date? = { _ in nil },
         change: @escaping @Sendable (PostgresStore, String) async throws -> Void
     ) async throws -> [String] {
         let folder = try TemporaryDirectory()
@@ -50,7 +67,8 @@ import Testing
         var runs: [String: Int64] = [:]
         for subject in subjects {
             if sessionsBefore {
-                try await engine.storeSession(subject: subject, userID: "alice", token: Token.random(), expiresAt: nil)
+                try await engine.storeSession(
+                    subject: subject, userID: "alice", token: Token.random(), expiresAt: ending(subject))
             }
             let run = try await engine.startRun(
                 flow: "startup", subject: subject, version: "1", owner: owner, until: until, durability: .now
