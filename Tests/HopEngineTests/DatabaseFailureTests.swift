@@ -291,12 +291,16 @@ import Testing
         let first = HopEngine(
             storage: database, logger: Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() }))
         register(on: first)
-        // Parked on "main", which lasts while the session is stored (a login that expires).
-        let expiry = Date().addingTimeInterval(5)  // room for a loaded machine to park the run first
-        try await database.storeSession(subject: "s", userID: "alice", token: "t", expiresAt: expiry)
+        // Parked on "main", which lasts while the session is stored; then the login is stored
+        // again, expiring soon. (Stored expiring soon from the start, a loaded machine could let
+        // it expire before the run parked: the run went on into its 10-minute step.)
+        try await database.storeSession(
+            subject: "s", userID: "alice", token: "t", expiresAt: Date().addingTimeInterval(3600))
         let run = try await first.start("f", subject: "s")
         let parked = try #require(try await first.settled(runID: run.id))
         try #require(parked.status == .parked && parked.currentStep == "main", "\(parked)")
+        let expiry = Date().addingTimeInterval(1)
+        try await database.storeSession(subject: "s", userID: "alice", token: "t", expiresAt: expiry)
         try await HopStoreTestSupport.waitUntil("the session's expiry has come", timeout: .seconds(10)) {
             Date() > expiry
         }
