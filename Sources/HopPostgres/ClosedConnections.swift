@@ -81,6 +81,15 @@ package enum ClosedConnections {
     }
 }
 
+extension PostgresConnection {
+    /// The rows of `query`, run on this connection, watched for its close.
+    func rows(of query: PostgresQuery) async throws -> [PostgresRow] {
+        try await ClosedConnections.run(on: self) { connection in
+            try await connection.query(query, logger: PostgresStore.quiet).collect()
+        }
+    }
+}
+
 extension PostgresClient {
     /// The rows of `query`, run on a connection of the pool that is watched for its close.
     func rows(of query: PostgresQuery) async throws -> [PostgresRow] {

@@ -67,11 +67,7 @@ package final class AdvisoryLock: Sendable {
                     configuration: try url.connectionConfiguration(), id: 1, logger: PostgresStore.quiet)
                 do {
                     // Watched: a statement written as the server ends the connection is never answered.
-                    _ = try await ClosedConnections.run(on: connection) { connection in
-                        try await connection.query(
-                            PostgresValue.query("SELECT pg_advisory_lock($1)", [.int(key)]), logger: PostgresStore.quiet
-                        ).collect().count
-                    }
+                    _ = try await connection.rows(of: PostgresValue.query("SELECT pg_advisory_lock($1)", [.int(key)]))
                 } catch {
                     try? await connection.close()
                     throw error
@@ -124,9 +120,7 @@ extension AdvisoryLock {
             group.addTask {
                 while (try? await Task.sleep(for: keepAliveInterval)) != nil {
                     do {
-                        _ = try await ClosedConnections.run(on: connection) { connection in
-                            try await connection.query("SELECT 1", logger: PostgresStore.quiet).collect().count
-                        }
+                        _ = try await connection.rows(of: "SELECT 1")
                     } catch {
                         try? await connection.close()
                         return

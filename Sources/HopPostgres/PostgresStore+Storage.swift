@@ -440,25 +440,11 @@ extension PostgresStore: HopStorage {
         guard let lock = locks.withLock({ $0[owner]?.lock }) else {
             return try await transaction(operation) { tx in Set(try await tx.query(sql, values) { try $0.int64(0) }) }
         }
-        var attempt = 0
-        while true {
-            attempt += 1
-            do {
-                let connection = try await lock.held()
-                // One statement, so one transaction of its own.
-                let rows = try await ClosedConnections.run(on: connection) { connection in
-                    try await connection.query(PostgresValue.query(sql, values), logger: Self.quiet).collect()
-                }
-                return Set(try rows.map { try Row($0).int64(0) })
-            } catch {
-                if attempt < Self.attempts {
-                    // A deadlock the server broke (with a claim of the same runs), as for a transaction.
-                    if let failure = error as? PSQLError, Self.isRetryable(failure) { continue }
-                    // The lock's connection went: the lock is taken again on a new one, and waited for.
-                    if Self.isConnectionLost(error), await Self.pause(before: attempt + 1) { continue }
-                }
-                throw map(error, operation: operation)
-            }
+        // One statement, so one transaction of its own. A deadlock the server broke (with a claim
+        // of the same runs) runs it again; so does a lost connection, once the lock is taken again.
+        return try await retried(operation) {
+            let rows = try await lock.held().rows(of: PostgresValue.query(sql, values))
+            return Set(try rows.map { try Row($0).int64(0) })
         }
     }
 

@@ -213,20 +213,29 @@ public final class PostgresStore: Sendable {
         }
     }
 
-    /// Runs one read statement outside a transaction; again, on another connection, when the
-    /// connection was lost (``isConnectionLost(_:)``).
+    /// Runs one read statement outside a transaction (``retried(_:_:)``).
     func read<T: Sendable>(
         _ sql: String, _ values: [PostgresValue] = [], operation: String, _ decode: (Row) throws -> T
     ) async throws -> [T] {
+        try await retried(operation) {
+            try await client.rows(of: PostgresValue.query(sql, values)).map { try decode(Row($0)) }
+        }
+    }
+
+    /// Runs `statement`, one statement outside a transaction, again when the server broke a
+    /// deadlock by aborting it (``isRetryable(_:)``) or when its connection was lost before it
+    /// was answered (``isConnectionLost(_:)``: on another connection of the pool, or on the
+    /// same one taken again); its last error as a ``HopError`` naming `operation`.
+    func retried<T>(_ operation: String, _ statement: () async throws -> T) async throws -> T {
         var attempt = 0
         while true {
             attempt += 1
             do {
-                let rows = try await client.rows(of: PostgresValue.query(sql, values))
-                return try rows.map { try decode(Row($0)) }
+                return try await statement()
             } catch {
-                if attempt < Self.attempts, Self.isConnectionLost(error), await Self.pause(before: attempt + 1) {
-                    continue
+                if attempt < Self.attempts {
+                    if let failure = error as? PSQLError, Self.isRetryable(failure) { continue }
+                    if Self.isConnectionLost(error), await Self.pause(before: attempt + 1) { continue }
                 }
                 throw map(error, operation: operation)
             }
