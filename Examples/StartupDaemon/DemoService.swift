@@ -34,13 +34,10 @@ struct DemoService: Service {
     let auto: Bool
     /// How the run ended, once it has.
     let outcome: Outcome
-    /// Yields once what the flow waits for has begun (the metrics server listens).
-    let startWhen: AsyncStream<Void>
 
     func run() async throws {
         do {
-            // Cancelled as the group shuts down: that ends its wait to begin, its loop over the
-            // events, and a look at the run that waits for a database that does not answer (a
+            // Cancelled as the group shuts down: that ends its loop over the events, and a look at the run that waits for a database that does not answer (a
             // PostgreSQL server away, for a minute), which must not hold the stop.
             try await cancelWhenGracefulShutdown { try await self.follow() }
         } catch is CancellationError {
@@ -49,8 +46,6 @@ struct DemoService: Service {
     }
 
     private func follow() async throws {
-        // A group shut down before (the metrics server could not listen): no run is begun.
-        guard await startWhen.first(where: { true }) != nil else { return }
         let existing = try await retrying { try await store.latestRun(flow: "startup", subject: subject) }
         var past: Int64 = 0
         if let existing, existing.status.isUnfinished {

@@ -82,19 +82,17 @@ struct HopDemo: AsyncParsableCommand {
         // The engine and the flow start once the server listens: a port in use stops the daemon
         // before either begins anything (before, the engine had taken over a run in flight and
         // entered its step again by then).
-        let (listening, listened) = AsyncStream.makeStream(of: Void.self)
+        // One signal for each of the two services that wait for it (a stream has one reader).
         let (engineMayRun, engineGate) = AsyncStream.makeStream(of: Void.self)
+        let (demoMayRun, demoGate) = AsyncStream.makeStream(of: Void.self)
+        let listening: @Sendable () -> Void = { for gate in [engineGate, demoGate] { gate.yield() } }
         let metrics = metricsPort.map { port in
             MetricsEndpoint.bootstrap(port: port, logger: logger) { bound in
                 narrator.say("hop-demo: metrics at http://127.0.0.1:\(bound)/metrics")
-                listened.yield()
-                engineGate.yield()
+                listening()
             }
         }
-        if metrics == nil {
-            listened.yield()
-            engineGate.yield()
-        }
+        if metrics == nil { listening() }
         let (events, continuation) = AsyncStream.makeStream(of: DemoService.Event.self)
         let systemd = SystemdNotifier().map(SystemdStatus.init)
         let store = try await HopDatabase.open(path, logger: logger)
@@ -114,13 +112,15 @@ struct HopDemo: AsyncParsableCommand {
         let outcome = Outcome()
         let demo = DemoService(
             engine: engine, store: store, events: events, ticks: continuation, narrator: narrator, subject: subject,
-            auto: auto, outcome: outcome, startWhen: listening)
+            auto: auto, outcome: outcome)
         let group = ServiceGroup(
             configuration: ServiceGroupConfiguration(
                 // Shut down in reverse order: the demo, the engine, then the metrics server.
                 services: (metrics.map { [ServiceGroupConfiguration.ServiceConfiguration(service: $0)] } ?? []) + [
                     .init(service: AfterListening(service: engine, listening: engineMayRun)),
-                    .init(service: demo, successTerminationBehavior: .gracefullyShutdownGroup),
+                    .init(
+                        service: AfterListening(service: demo, listening: demoMayRun),
+                        successTerminationBehavior: .gracefullyShutdownGroup),
                 ],
                 gracefulShutdownSignals: [.sigterm, .sigint],
                 logger: logger))
