@@ -31,8 +31,16 @@ struct PostgresTransaction: Sendable {
     }
 
     /// Sends the change notification with the transaction: other stores' ``PostgresStore/changeVersion()`` moves at its commit.
+    ///
+    /// At `COMMIT`, the server takes a lock that orders every transaction that notifies (of any
+    /// database of the server) and holds it through the commit: a wait of another commit's
+    /// length, which a database's `lock_timeout` (100 ms under load) refused, failing the commit
+    /// with "canceling statement due to lock timeout". So the rest of a transaction that
+    /// notifies has no `lock_timeout`: call this after its last write, when only reads follow.
     func notifyChange() async throws {
-        try await run("SELECT pg_notify($1, $2)", [.text(PostgresStore.channel), .text(store.instance)])
+        try await run(
+            "SELECT pg_notify($1, $2), set_config('lock_timeout', '0', true)",
+            [.text(PostgresStore.channel), .text(store.instance)])
     }
 
     func refuse(_ code: HopError.Code, _ operation: String, _ reason: String, hint: String? = nil) -> HopError {
@@ -52,6 +60,10 @@ struct PostgresTransaction: Sendable {
     /// hash; another subject with the same hash only waits its turn), taken before any row of the
     /// subject's runs or session, so that two such transactions never wait for each other. An
     /// engine's liveness lock is a one-key advisory lock: the two never meet.
+    ///
+    /// The wait for it lasts as long as the other transaction, not an operator's lock, so a
+    /// database's `lock_timeout` does not apply to it (``withoutLockTimeout(_:)``); it still
+    /// applies to every lock the transaction waits for after it.
     func lockSubject(_ subject: String) async throws {
         try await lockSubjects([subject])
     }
@@ -60,18 +72,28 @@ struct PostgresTransaction: Sendable {
     /// (as any two transactions that lock several take them, so neither waits for the other).
     func lockSubjects(_ subjects: [String]) async throws {
         guard !subjects.isEmpty else { return }
-        _ = try await query(
-            "SELECT pg_advisory_xact_lock(hashtext('hop.subject'), hashtext(s)) FROM unnest($1::text[]) AS s",
-            [.texts(subjects.sorted())]
-        ) { _ in () }
+        try await withoutLockTimeout {
+            try await run(
+                "SELECT pg_advisory_xact_lock(hashtext('hop.subject'), hashtext(s)) FROM unnest($1::text[]) AS s",
+                [.texts(subjects.sorted())])
+        }
     }
 
     /// ``lockSubject(_:)`` for the subject of run `runID`.
     func lockSubject(ofRun runID: Int64) async throws {
-        _ = try await query(
-            "SELECT pg_advisory_xact_lock(hashtext('hop.subject'), hashtext(subject)) FROM runs WHERE id = $1",
-            [.int(runID)]
-        ) { _ in () }
+        try await withoutLockTimeout {
+            try await run(
+                "SELECT pg_advisory_xact_lock(hashtext('hop.subject'), hashtext(subject)) FROM runs WHERE id = $1",
+                [.int(runID)])
+        }
+    }
+
+    /// Runs `body` with no `lock_timeout`, then puts back the one of the connection (its
+    /// database's, its role's or the server's: Hop never sets one of its own).
+    private func withoutLockTimeout(_ body: () async throws -> Int) async throws {
+        try await run("SET LOCAL lock_timeout = 0")
+        _ = try await body()
+        try await run("SET LOCAL lock_timeout TO DEFAULT")
     }
 
     // MARK: Runs

@@ -189,8 +189,10 @@ import Glibc
         let unhop = try await run(
             "hopctl", ["unhop", "--flow", "startup", "--step", "onboarding", "--db", url], in: folder)
         #expect(unhop.status == 0, "\(unhop.stderr)")
-        // Parked at login first: a login while the run parks waits for the park's lock on the
-        // subject, which the `lock_timeout` of 100 ms one of these tests sets may refuse (exit 1).
+        // Parked at login first: a login while the demo writes its run waits for the run's row,
+        // which the `lock_timeout` of 100 ms one of these tests sets may refuse under load (exit
+        // 1). Hop's own locks (its subject's, the notifications') are not refused: see
+        // PostgresLockTimeoutTests.
         try await demo.waitForOutput("parked at login", timeout: .seconds(60))
         let login = try await run("hopctl", ["session", "login", "alice", "--db", url], in: folder)
         #expect(login.status == 0, "\(login.stderr)")

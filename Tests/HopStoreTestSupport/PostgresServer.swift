@@ -179,12 +179,7 @@ public final class PostgresServer: Sendable {
         running sql: String, database: String, in directory: TemporaryDirectory
     ) async throws -> ChildProcess {
         let marker = "session-ready-\(UUID().uuidString.prefix(8))"
-        let session = try ChildProcess(
-            "\(binaries)/psql",
-            [
-                "-h", socketDirectory, "-p", "\(port)", "-U", user, "-d", database, "-X", "-q", "-A", "-t",
-                "-v", "ON_ERROR_STOP=1",
-            ], stdin: "\(sql);\nSELECT '\(marker)';\n", keepInputOpen: true, directory: directory)
+        let session = try client(running: "\(sql);\nSELECT '\(marker)';", database: database, in: directory)
         do {
             try await session.waitForOutput(marker)
         } catch {
@@ -192,6 +187,20 @@ public final class PostgresServer: Sendable {
             throw TestFailure("psql did not run \(sql): \(session.stderr)")
         }
         return session
+    }
+
+    /// A psql session of its own in `database` that runs `sql` and then waits, as
+    /// ``session(running:database:in:)`` does, but returns at once: for a statement that waits
+    /// (the test waits for what the server shows of it).
+    public func client(
+        running sql: String, database: String, in directory: TemporaryDirectory
+    ) throws -> ChildProcess {
+        try ChildProcess(
+            "\(binaries)/psql",
+            [
+                "-h", socketDirectory, "-p", "\(port)", "-U", user, "-d", database, "-X", "-q", "-A", "-t",
+                "-v", "ON_ERROR_STOP=1",
+            ], stdin: "\(sql);\n", keepInputOpen: true, directory: directory)
     }
 
     /// Creates database `name`, empty.

@@ -1,0 +1,140 @@
+import Foundation
+import HopPostgres
+import HopStore
+import HopTestSupport
+import Synchronization
+import Testing
+
+/// A database with a `lock_timeout`, as many have (so that no client queues behind an
+/// operator's `VACUUM FULL` or schema change for long): the locks Hop takes to order its own
+/// transactions are waited for as long as the transaction that holds them lasts, never refused
+/// after `lock_timeout`. Each test holds such a lock from another session for longer than the
+/// timeout (a slow commit, a long park), and a store's write must wait for it and succeed.
+@Suite struct PostgresLockTimeoutTests {
+    /// The lock that orders a login with a park of the same subject (`hop.subject`), held by
+    /// another session for longer than the database's `lock_timeout` of 100 ms: the login and a
+    /// park of the subject's run both wait, and succeed once it is let go. Before, both failed
+    /// with "canceling statement due to lock timeout", and `hopctl session login` exited 1 in a
+    /// SystemdTests demo test, whose database sets 100 ms, when the demo's park took longer.
+    @Test(.enabled(if: PostgresProcessTests.available))
+    func aLoginAndAParkWaitForTheLockOfTheirSubjectWhateverTheLockTimeout() async throws {
+        let (server, url) = try await PostgresServer.ofItsOwn(database: "timeouts")
+        let folder = try TemporaryDirectory()
+        try await server.psql("ALTER DATABASE timeouts SET lock_timeout = '100ms'")
+        let store = try await PostgresStore.open(url: url)
+        let owner = "A#0123456789abcdef"  // no liveness lock of this store: not waited for
+        let parked = try await store.startRun(
+            flow: "startup", subject: "alice", version: "1", owner: owner, until: Date().addingTimeInterval(600),
+            durability: .now
+        ).run
+
+        let holder = try await server.session(
+            running: "SELECT pg_advisory_lock(hashtext('hop.subject'), hashtext('alice'))", database: "timeouts",
+            in: folder)
+        defer { holder.kill() }
+        let failures = Failures()
+        let park = Task {
+            try await failures.noting {
+                try await store.record(
+                    [.hop(step: "login", from: nil, parks: true, wakeOn: .sessionStored, deadline: nil)],
+                    runID: parked.id, owner: owner, durability: .now)
+            }
+        }
+        let login = Task {
+            try await failures.noting {
+                try await store.storeSession(subject: "alice", userID: "alice", token: Token.random(), expiresAt: nil)
+            }
+        }
+        try await Self.waitForLocks(
+            statementsWaiting: 2, on: "advisory", longerThan: "300 ms", server: server, failures: failures)
+
+        holder.closeInput()  // psql exits, and the lock goes with its session
+        _ = try await park.value
+        _ = try await login.value
+        let run = try #require(try await store.run(id: parked.id))
+        #expect(run.status != .parked, "the login woke the run parked at login")
+        await store.close()
+    }
+
+    /// The lock the server takes at `COMMIT` to order every transaction that sends a
+    /// notification, held by another session for longer than the `lock_timeout` of 100 ms (its
+    /// commit waits for a synchronous standby; in production, any slow commit of a busy server,
+    /// and that lock is one for the whole server): a steering command's write, which notifies the
+    /// engines, waits and commits once it is let go. Before, its commit failed with "canceling
+    /// statement due to lock timeout".
+    @Test(.enabled(if: PostgresProcessTests.available))
+    func aWriteThatNotifiesWaitsForAnotherCommitWhateverTheLockTimeout() async throws {
+        let (server, url) = try await PostgresServer.ofItsOwn(database: "timeouts")
+        let folder = try TemporaryDirectory()
+        try await server.psql("ALTER DATABASE timeouts SET lock_timeout = '100ms'")
+        // A commit that asks for it waits for a standby that never comes; Hop's commits do not.
+        try await server.psql("ALTER DATABASE timeouts SET synchronous_commit = local")
+        try await server.psql("ALTER SYSTEM SET synchronous_standby_names = 'nobody'")
+        try await server.psql("SELECT pg_reload_conf()")
+        let store = try await PostgresStore.open(url: url)
+
+        let holder = try server.client(
+            // It writes (a commit that wrote nothing does not wait for a standby).
+            running:
+                "SET synchronous_commit = on; BEGIN; SELECT pg_notify('other', ''); CREATE TABLE t (x int); COMMIT",
+            database: "timeouts", in: folder)
+        defer { holder.kill() }
+        try await waitUntil("the other commit waits for its standby, holding the lock", timeout: .seconds(30)) {
+            try await server.psql(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = 'timeouts' AND wait_event = 'SyncRep'"
+            ).trimmingCharacters(in: .whitespacesAndNewlines) == "1"
+        }
+        let failures = Failures()
+        let start = Task {
+            try await failures.noting {
+                try await store.startRun(
+                    flow: "startup", subject: "alice", version: "1", owner: nil, until: nil, durability: .now)
+            }
+        }
+        try await Self.waitForLocks(
+            statementsWaiting: 1, on: "object", longerThan: "300 ms", server: server, failures: failures)
+
+        try await server.psql("ALTER SYSTEM RESET synchronous_standby_names")
+        try await server.psql("SELECT pg_reload_conf()")  // the other commit ends, and lets go
+        let run = try await start.value
+        #expect(run.created)
+        await store.close()
+    }
+
+    /// Waits until `count` of the store's statements wait for a lock of type `event`
+    /// (`pg_stat_activity.wait_event`) for longer than `duration`: longer than the database's
+    /// `lock_timeout`, which would have ended them by then. Throws as soon as one of the writes
+    /// waiting failed (`failures`).
+    static func waitForLocks(
+        statementsWaiting count: Int, on event: String, longerThan duration: String, server: PostgresServer,
+        failures: Failures
+    ) async throws {
+        try await waitUntil("\(count) statements wait for a lock for \(duration)", timeout: .seconds(30)) {
+            if let failure = failures.first { throw TestFailure("a write that waited failed: \(failure)") }
+            let waiting = try await server.psql(
+                """
+                SELECT count(*) FROM pg_stat_activity
+                WHERE application_name = 'hop' AND wait_event_type = 'Lock' AND wait_event = '\(event)'
+                    AND clock_timestamp() - query_start > interval '\(duration)'
+                """)
+            return waiting.trimmingCharacters(in: .whitespacesAndNewlines) == "\(count)"
+        }
+    }
+
+    /// The errors of the writes a test started in tasks of their own, as they fail.
+    final class Failures: Sendable {
+        private let errors = Mutex<[String]>([])
+
+        var first: String? { errors.withLock { $0.first } }
+
+        /// Runs `write`, noting its error before throwing it.
+        @Sendable func noting<T>(_ write: () async throws -> T) async throws -> T {
+            do {
+                return try await write()
+            } catch {
+                errors.withLock { $0.append("\(error)") }
+                throw error
+            }
+        }
+    }
+}
