@@ -81,7 +81,7 @@ package final class AdvisoryLock: Sendable {
                 everHeld = true
                 // Held until the incarnation ends: then the connection closes and the server lets go.
                 await withTaskCancellationHandler {
-                    await keepAlive(connection)
+                    await connection.keepAlive()
                 } onCancel: {
                     connection.close().whenComplete { _ in }
                 }
@@ -102,27 +102,28 @@ package final class AdvisoryLock: Sendable {
     }
 }
 
-extension AdvisoryLock {
-    /// How long the lock's connection may stay without a statement: as PostgresNIO's pool keeps
-    /// its idle connections alive.
+extension PostgresConnection {
+    /// How long a connection HopPostgres keeps for itself (its liveness lock's, its listener's)
+    /// may stay without a statement: as PostgresNIO's pool keeps its idle connections alive.
     static let keepAliveInterval = Duration.seconds(30)
 
-    /// Returns once `connection` closed. Meanwhile a statement runs on it every
-    /// ``keepAliveInterval``, besides the lease renewals (which run only while the engine holds
-    /// runs). An idle connection is the first a NAT or a firewall forgets (after minutes, for
-    /// many), without either end knowing: the server would keep the lock until its own TCP
-    /// keep-alive gave up (hours by default), and the engine's next renewal on it would wait
-    /// until the kernel gave up on the connection, while the leases ran out. A keep-alive that
-    /// fails closes the connection: the lock is taken again on a new one.
-    static func keepAlive(_ connection: PostgresConnection) async {
+    /// Returns once the connection closed. Meanwhile a statement runs on it every
+    /// ``keepAliveInterval``, besides what else runs on it. An idle connection is the first a
+    /// NAT or a firewall forgets (after minutes, for many), without either end knowing: on the
+    /// liveness lock's, the server would keep the lock until its own TCP keep-alive gave up
+    /// (hours by default), and the engine's next renewal on it would wait until the kernel gave
+    /// up on the connection, while the leases ran out; on the listener's, notifications would
+    /// stop coming for good. A keep-alive that fails closes the connection, and its owner
+    /// connects again.
+    func keepAlive() async {
         await withTaskGroup(of: Void.self) { group in
-            group.addTask { try? await connection.closeFuture.get() }
+            group.addTask { try? await self.closeFuture.get() }
             group.addTask {
-                while (try? await Task.sleep(for: keepAliveInterval)) != nil {
+                while (try? await Task.sleep(for: Self.keepAliveInterval)) != nil {
                     do {
-                        _ = try await connection.rows(of: "SELECT 1")
+                        _ = try await self.rows(of: "SELECT 1")
                     } catch {
-                        try? await connection.close()
+                        try? await self.close()
                         return
                     }
                 }
@@ -277,25 +278,30 @@ final class ChangeListener: Sendable {
                 }
                 connection = nil
                 let own = instance.withLock { $0 }
-                try await withTaskCancellationHandler {
-                    try await current.listen(on: PostgresStore.channel) { notifications in
-                        // Listening now: notifications committed from here on arrive.
-                        version.withLock { $0 += 1 }
-                        failures.withLock { $0.logSuccess(to: logger, listenLines) }
-                        let waiting = ready.withLock { ready in
-                            ready.listening = true
-                            defer { ready.waiting = [] }
-                            return ready.waiting
-                        }
-                        for continuation in waiting { continuation.resume() }
-                        for try await notification in notifications where notification.payload != own {
+                try await withThrowingTaskGroup(of: Void.self) { group in
+                    // A NAT forgets an idle connection without a word: notifications would stop for good.
+                    group.addTask { await current.keepAlive() }
+                    // However listening ends; the keep-alive returns once the connection closed.
+                    defer { current.close().whenComplete { _ in } }
+                    try await withTaskCancellationHandler {
+                        try await current.listen(on: PostgresStore.channel) { notifications in
+                            // Listening now: notifications committed from here on arrive.
                             version.withLock { $0 += 1 }
+                            failures.withLock { $0.logSuccess(to: logger, listenLines) }
+                            let waiting = ready.withLock { ready in
+                                ready.listening = true
+                                defer { ready.waiting = [] }
+                                return ready.waiting
+                            }
+                            for continuation in waiting { continuation.resume() }
+                            for try await notification in notifications where notification.payload != own {
+                                version.withLock { $0 += 1 }
+                            }
                         }
+                    } onCancel: {
+                        current.close().whenComplete { _ in }
                     }
-                } onCancel: {
-                    current.close().whenComplete { _ in }
                 }
-                try? await current.close()
             } catch {
                 if Task.isCancelled { break }
                 let failure = PostgresStore.map(error, operation: "listen for changes", location: url.redacted)
