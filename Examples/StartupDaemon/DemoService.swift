@@ -37,8 +37,9 @@ struct DemoService: Service {
 
     func run() async throws {
         do {
-            // Cancelled as the group shuts down: that ends its loop over the events, and a look at the run that waits for a database that does not answer (a
-            // PostgreSQL server away, for a minute), which must not hold the stop.
+            // Cancelled as the group shuts down: that ends its loop over the events, and a look at
+            // the run that waits for a database that does not answer (a PostgreSQL server away,
+            // for a minute), which must not hold the stop.
             try await cancelWhenGracefulShutdown { try await self.follow() }
         } catch is CancellationError {
             // Shut down while it waited for the database to begin: the run stays resumable.
