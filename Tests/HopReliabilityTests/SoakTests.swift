@@ -8,6 +8,7 @@ import Testing
 /// 10,000, more cycles above.)
 @Suite struct SoakTests {
     static let workers = 4
+    static let niceness: Int32 = 10
 
     /// What each worker does to each of its subjects after unhopping its onboarding: it ends
     /// logged in, so every run must end parked at main.
@@ -47,7 +48,13 @@ import Testing
                     }
                     let commands = plan
                     // Each operator is a thread of its own that starts hopctl, waits for it, and goes on.
+                    // The operators' 10,000 processes are most of the suite's work: they run at a
+                    // lower priority (nice 10) than the other processes tests start (5), a load in
+                    // the background of the whole suite, so that the tests beside them that wait
+                    // for something with a deadline get the processors first. The daemon they
+                    // steer runs at 5, as the others.
                     let busy = try await onThread { () throws -> Int in
+                        lowerThisThreadsPriority(to: Self.niceness)
                         var busy = 0
                         for arguments in commands {
                             busy += try hopctlRetryingBusy(

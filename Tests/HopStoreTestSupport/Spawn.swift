@@ -61,12 +61,32 @@ public func posixSpawn(
     let deadline = ContinuousClock.now.advanced(by: .seconds(5))
     while true {
         let spawned = posix_spawn(&pid, executable, &actions, &attributes, argv, envp)
-        if spawned == 0 { return pid }
+        if spawned == 0 {
+            yieldToTheTestProcess(pid)
+            return pid
+        }
         guard spawned == ETXTBSY, ContinuousClock.now < deadline else {
             throw TestFailure("cannot start \(executable): \(String(cString: strerror(spawned)))")
         }
         usleep(1000)  // another child holds the fresh copy open for writing until it execs
     }
+}
+
+/// The niceness of every process a test starts (and of what it starts in turn): the test
+/// process itself, whose engines and waits also have deadlines, runs ahead of them. The suite
+/// starts a few hundred processes while a few hundred tests run in this one; at equal priority
+/// its few threads got a small share of two cores, and its engines' polls and its waits came
+/// seconds late.
+let childrenNiceness: Int32 = 5
+
+/// Gives process `pid`, just started, at least ``childrenNiceness`` (a thread that lowered its
+/// priority further passes its own on). Set at once, before the child has started any thread of
+/// its own (it is still loading its libraries): its threads and its children inherit it.
+private func yieldToTheTestProcess(_ pid: pid_t) {
+    let which = __priority_which_t(PRIO_PROCESS.rawValue)
+    errno = 0
+    let own = getpriority(which, 0)  // the calling thread's, on Linux
+    _ = setpriority(which, id_t(pid), max(errno == 0 ? own : 0, childrenNiceness))
 }
 
 /// glibc's `posix_spawn_file_actions_addclosefrom_np` (2.34 and later), which Swift's Glibc
@@ -85,3 +105,18 @@ public func onThread<T: Sendable>(_ body: @escaping @Sendable () throws -> T) as
         Thread.detachNewThread { continuation.resume(with: Result { try body() }) }
     }
 }
+
+/// Lowers the calling thread's scheduling priority to `niceness` (0 to 19); the processes it
+/// starts from then on inherit it. For a thread of a test's own that is a load in the
+/// background (the soak's operators, the daemon they steer): the tests beside it that wait
+/// for something with a deadline get the processors first, and the load takes what is left.
+public func lowerThisThreadsPriority(to niceness: Int32) {
+    guard let gettid = threadID else { return }
+    _ = setpriority(__priority_which_t(PRIO_PROCESS.rawValue), id_t(gettid()), niceness)
+}
+
+/// glibc's `gettid` (2.30 and later), which Swift's Glibc module does not declare.
+private let threadID: (@convention(c) () -> pid_t)? = {
+    guard let symbol = dlsym(UnsafeMutableRawPointer(bitPattern: 0), "gettid") else { return nil }
+    return unsafeBitCast(symbol, to: (@convention(c) () -> pid_t).self)
+}()

@@ -63,11 +63,13 @@ import Testing
             "hop-test-daemon", ["--db", folder.database, "--external", "--reroute"], directory: folder)
         defer { daemon.kill() }
         try await daemon.waitForOutput("parked login")
-        #expect(try await hopctl(["session", "login", "alice", "--expires-in", "2s"], in: folder).status == 0)
-        try await daemon.waitForOutput("parked main", timeout: .seconds(10))
+        // Read back at once: a look after the daemon parked at main could come after the expiry
+        // on a machine loaded by the whole suite, and find no session.
+        #expect(try await hopctl(["session", "login", "alice", "--expires-in", "4s"], in: folder).status == 0)
         let expiry = try #require(try await store.session(subject: "default")?.expiresAt)
+        try await daemon.waitForOutput("parked main", timeout: .seconds(10))
 
-        try await waitUntil("the daemon parks at login again once the session expired", timeout: .seconds(10)) {
+        try await waitUntil("the daemon parks at login again once the session expired", timeout: .seconds(20)) {
             daemon.stdout.components(separatedBy: "parked login").count == 3
         }
         let history = try await store.history(runID: 1)
