@@ -66,8 +66,15 @@ package final class AdvisoryLock: Sendable {
                 let connection = try await PostgresConnection.connect(
                     configuration: try url.connectionConfiguration(), id: 1, logger: PostgresStore.quiet)
                 do {
+                    // Waited for whatever the database's or role's `lock_timeout`: only a session
+                    // of this incarnation's that the server has not ended yet (a connection that
+                    // went without a word) holds it, and it goes with that session. The timeout
+                    // refused the wait, and each try again said the lock could not be taken.
+                    // It applies again afterwards, to the renewals on this connection.
+                    _ = try await connection.rows(of: "SET lock_timeout = 0")
                     // Watched: a statement written as the server ends the connection is never answered.
                     _ = try await connection.rows(of: PostgresValue.query("SELECT pg_advisory_lock($1)", [.int(key)]))
+                    _ = try await connection.rows(of: "RESET lock_timeout")
                 } catch {
                     try? await connection.close()
                     throw error

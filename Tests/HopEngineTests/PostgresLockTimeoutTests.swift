@@ -2,6 +2,8 @@ import Foundation
 import HopPostgres
 import HopStore
 import HopTestSupport
+import InMemoryLogging
+import Logging
 import Synchronization
 import Testing
 
@@ -98,6 +100,61 @@ import Testing
         try await server.psql("SELECT pg_reload_conf()")  // the other commit ends, and lets go
         let run = try await start.value
         #expect(run.created)
+        await store.close()
+    }
+
+    /// An engine's liveness lock, taken again on a new connection after its connection went,
+    /// while another session holds its key for longer than the database's `lock_timeout` of
+    /// 100 ms (in production, the engine's own old session, which the server ends only once it
+    /// notices its connection went): the take waits, and the engine holds its lock again as soon
+    /// as the key is let go, without a word. Before, the take was refused after 100 ms and tried
+    /// again with a growing pause, and the engine said it could not take its liveness lock again.
+    @Test(.enabled(if: PostgresProcessTests.available))
+    func theLivenessLockTakenAgainIsWaitedForWhateverTheLockTimeout() async throws {
+        let (server, url) = try await PostgresServer.ofItsOwn(database: "timeouts")
+        let folder = try TemporaryDirectory()
+        try await server.psql("ALTER DATABASE timeouts SET lock_timeout = '100ms'")
+        let logs = InMemoryLogHandler.keepingEverything()
+        let store = try await PostgresStore.open(url: url, logger: logs.logger(label: "store"))
+        let incarnation = store.makeIncarnation(label: "A")
+        let key = try #require(AdvisoryLock.key(ofOwner: incarnation.id))
+        /// The sessions that hold a one-key advisory lock: pid and application.
+        func holders() async throws -> [String] {
+            try await server.psql(
+                """
+                SELECT l.pid || ' ' || a.application_name FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+                WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted ORDER BY l.pid
+                """, database: "timeouts"
+            ).split(whereSeparator: \.isNewline).map(String.init)
+        }
+        try await waitUntil("the engine holds its liveness lock", timeout: .seconds(30)) {
+            try await holders().count == 1
+        }
+        let first = try await holders()[0]
+
+        // Another session asks for the key, and gets it once the engine's connection is ended.
+        let taker = try server.client(
+            running: "SET lock_timeout = 0; SELECT pg_advisory_lock(\(key))", database: "timeouts", in: folder)
+        defer { taker.kill() }
+        try await waitUntil("the other session waits for the key", timeout: .seconds(30)) {
+            try await server.psql(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'psql' AND wait_event = 'advisory'",
+                database: "timeouts"
+            ).trimmingCharacters(in: .whitespacesAndNewlines) == "1"
+        }
+        let pid = first.prefix { $0 != " " }
+        _ = try await server.psql("SELECT pg_terminate_backend(\(pid))", database: "timeouts")
+        try await Self.waitForLocks(
+            statementsWaiting: 1, on: "advisory", longerThan: "300 ms", server: server, failures: Failures())
+
+        taker.closeInput()  // psql exits, and the key goes with its session
+        try await waitUntil("the engine holds its liveness lock again", timeout: .seconds(30)) {
+            let now = try await holders()
+            return now.count == 1 && now[0] != first && now[0].hasSuffix(" hop")
+        }
+        let said = logs.texts(atLeast: .debug)
+        #expect(!said.contains { $0.contains("cannot take this engine's liveness lock again") }, "\(said)")
+        withExtendedLifetime(incarnation) {}
         await store.close()
     }
 
