@@ -80,8 +80,9 @@ public func posixSpawn(
 let childrenNiceness: Int32 = 5
 
 /// Gives process `pid`, just started, at least ``childrenNiceness`` (a thread that lowered its
-/// priority further passes its own on). Set at once, before the child has started any thread of
-/// its own (it is still loading its libraries): its threads and its children inherit it.
+/// priority further passes its own on). Set at once, in practice before the child has started a
+/// thread of its own (it is still loading its libraries): its threads and its children inherit
+/// it. A thread started before would keep the usual priority: a scheduling hint, not a guarantee.
 private func yieldToTheTestProcess(_ pid: pid_t) {
     let which = __priority_which_t(PRIO_PROCESS.rawValue)
     errno = 0
@@ -108,8 +109,8 @@ public func onThread<T: Sendable>(_ body: @escaping @Sendable () throws -> T) as
 
 /// Lowers the calling thread's scheduling priority to `niceness` (0 to 19); the processes it
 /// starts from then on inherit it. For a thread of a test's own that is a load in the
-/// background (the soak's operators, the daemon they steer): the tests beside it that wait
-/// for something with a deadline get the processors first, and the load takes what is left.
+/// background (the soak's operators): the tests beside it that wait for something with a
+/// deadline get the processors first, and the load takes what is left.
 public func lowerThisThreadsPriority(to niceness: Int32) {
     guard let gettid = threadID else { return }
     _ = setpriority(__priority_which_t(PRIO_PROCESS.rawValue), id_t(gettid()), niceness)

@@ -10,9 +10,9 @@ public struct TestFailure: Error, CustomStringConvertible {
 ///
 /// It looks again after a millisecond, then twice as long each time, up to every 40 ms: a
 /// condition that holds at once is seen at once, and a long wait costs few wake-ups. The suite
-/// runs a few hundred waits at once; looking every 5 ms, their wake-ups alone took a large
-/// share of a 2-core virtual machine whose idle cores halt (every wake-up an exit to the host),
-/// and stretched every other test's waits.
+/// runs a few hundred waits at once: looking every 5 ms, they woke the test process thousands
+/// of times a second, on 2-core virtual machines whose idle cores halt (each wake-up an exit to
+/// the host).
 public func waitUntil(
     _ what: String, timeout: Duration = .seconds(30), _ condition: () async throws -> Bool
 ) async throws {
