@@ -1,5 +1,6 @@
 import Foundation
 import HopStore
+import HopTestSupport
 import Synchronization
 
 /// A storage that forwards every call to `base` but fails the calls a test names, as a database
@@ -18,6 +19,8 @@ final class FaultyStorage: HopStorage {
         var injected = 0
         /// The calls in order, the failed ones marked.
         var trace: [String] = []
+        /// What the releases wait for before they reach the database, if anything.
+        var heldReleases: Gate?
     }
     private let faults = Mutex(Faults())
 
@@ -31,6 +34,10 @@ final class FaultyStorage: HopStorage {
             $0.codes[call] = code
         }
     }
+
+    /// Holds every release until `gate` opens, as a database slow to answer it would (it fails
+    /// as it would have then); the trace notes when each held release ended.
+    func holdReleases(until gate: Gate) { faults.withLock { $0.heldReleases = gate } }
 
     /// Fails the `number`th call from now, whichever it is (1: the next).
     func failCall(number: Int) { faults.withLock { $0.failing = $0.calls + number } }
@@ -203,8 +210,14 @@ final class FaultyStorage: HopStorage {
     }
 
     func release(runIDs: [Int64], owner: String) async throws {
+        guard let gate = faults.withLock({ $0.heldReleases }) else {
+            try check()
+            return try await base.release(runIDs: runIDs, owner: owner)
+        }
+        await gate.wait()
         try check()
         try await base.release(runIDs: runIDs, owner: owner)
+        faults.withLock { $0.trace.append("release ended") }
     }
 
     func releaseRunsOfDeadIncarnations(except own: Incarnation) async throws -> [(owner: String, runs: Int)] {

@@ -12,7 +12,8 @@ public enum EngineEvent: Sendable {
     case recorded(run: RunRef, event: HistoryEntry)
     /// The engine started executing a run; `replaying` counts the history entries it will replay.
     case executing(run: RunRef, replaying: Int)
-    /// The engine stopped executing a run: it is parked, finished, or the engine is shutting down.
+    /// The engine stopped executing a run: it is parked, finished, or the engine is shutting down
+    /// (then told once the run's release ended: see ``HopEngine/stopExecuting()``).
     case settled(run: RunRecord)
     /// The running engine has resumed the unfinished runs it found and watches for changes
     /// (the moment a daemon reports itself ready, e.g. systemd's `READY=1`).

@@ -56,10 +56,13 @@ extension HopEngine {
                 // cancelled task (the observer and the run's waiters were not told how it ended),
                 // and waited for a moment at most: a database that does not answer must not
                 // hold the stop. Unread, the observer is not told, and waiters read it themselves.
+                // A run the engine let go is read once its release ended, so that the observer
+                // never sees it still held; that wait counts in the moment too.
                 let stored =
                     environment.wantsSettledRun(run.id)
                     ? await waitAtMost(ExecutionEnvironment.longestStopWait) {
-                        try? await environment.storage.run(id: run.id)
+                        if case .stopped(let release) = settlement { await release.value }
+                        return try? await environment.storage.run(id: run.id)
                     } ?? nil : nil
                 await self.didSettle(run.id, settlement, stored: stored, cancelled: true)
             } else {
@@ -142,7 +145,9 @@ extension HopEngine {
     /// engine's next ``run()`` or another engine, at once. A database that does not answer
     /// (a PostgreSQL server away) does not hold the stop: each release, and each read of a
     /// stopped run for the observer, is waited for 2 s at most; the runs not released then are
-    /// taken over once this process is gone or their leases expire.
+    /// taken over once this process is gone or their leases expire. A stopped run is read for
+    /// the observer once its release ended (within that read's 2 s), so that the observer never
+    /// sees it still held; one not read then is not told.
     public func stopExecuting() async {
         stopping = true
         stops += 1

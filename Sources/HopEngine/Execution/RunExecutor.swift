@@ -20,6 +20,9 @@ final class RunExecutor: FlowExecution {
         /// on a step that a stored change ends, which may have come as it parked; or a step was
         /// ended from outside as it returned here.
         case again
+        /// Stopped: the engine let the run go, and `release` writes that (it may still be under
+        /// way when the stop stopped waiting for it). The run is read for the observer once it ends.
+        case stopped(release: Task<Void, Never>)
     }
 
     let run: RunRecord
@@ -342,7 +345,7 @@ final class RunExecutor: FlowExecution {
             logger.info("stopped executing run; it stays resumable")
             try? await writeHeldUnhop()  // the last step's end is kept: it does not run again
             // Released from a task of its own (this one is cancelled), and not waited for long.
-            await environment.releaseAsStopping([run.id], what: "run \(run.id)")
+            return .stopped(release: await environment.releaseAsStopping([run.id], what: "run \(run.id)"))
         case let error as HopError where error.code == .diverged:
             environment.metrics.divergences.increment()
             logger.error("run diverged", metadata: ["hop.error": "\(error)"])

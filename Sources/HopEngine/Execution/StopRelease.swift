@@ -15,9 +15,11 @@ extension ExecutionEnvironment {
     /// Waited for at most ``longestStopWait``; a release that takes longer goes on meanwhile,
     /// and the runs are taken over anyway once this process is gone (its liveness lock goes with
     /// it) or their leases expire. `what` names the runs in the log (a failed or late release).
-    func releaseAsStopping(_ runIDs: [Int64], what: Logger.Message) async {
+    /// Returns the release's task: a read of the runs that must see them released waits for it.
+    @discardableResult
+    func releaseAsStopping(_ runIDs: [Int64], what: Logger.Message) async -> Task<Void, Never> {
         let (storage, owner, logger) = (storage, owner, logger)
-        let finished = await waitAtMost(Self.longestStopWait) { () -> Bool in
+        let release = Task {
             do {
                 try await storage.release(runIDs: runIDs, owner: owner)
             } catch {
@@ -25,13 +27,13 @@ extension ExecutionEnvironment {
                     "cannot release \(what) as the engine stopped; another engine takes them when their lease expires or this process is gone",
                     metadata: ["hop.runs": "\(runIDs.count)", "hop.error": "\(error)"])
             }
-            return true
         }
-        if finished == nil {
+        if await waitAtMost(Self.longestStopWait, for: { await release.value }) == nil {
             logger.warning(
                 "stopped without waiting longer for the release of \(what): the database does not answer; another engine takes them when their lease expires or this process is gone",
                 metadata: ["hop.runs": "\(runIDs.count)", "hop.waited": "\(Self.longestStopWait)"])
         }
+        return release
     }
 }
 
