@@ -36,7 +36,7 @@ import Testing
         #expect(
             try await run("hopctl", ["unhop", "--flow", "startup", "--step", "onboarding", "--db", server], in: folder)
                 .status == 0)
-        try await moved.waitForOutput("run 2 is completed", timeout: .seconds(20))
+        try await moved.waitForOutput("run 2 is completed")
         #expect(try await moved.waitForExit() == 0)
         #expect(!moved.stdout.contains("splash"), "splash was shown again:\n\(moved.stdout)")
 

@@ -64,7 +64,7 @@ import FoundationNetworking
         let unhop = try await run(
             "hopctl", ["unhop", "--flow", "startup", "--step", "onboarding", "--db", folder.database], in: folder)
         #expect(unhop.status == 0, "\(unhop.stderr)")
-        try await waitUntil("the metrics count the hop to login", timeout: .seconds(20)) {
+        try await waitUntil("the metrics count the hop to login") {
             let body = try await get(url).body.split(separator: "\n")
             // The unhop was hopctl's, not this engine's: the daemon counts the resume and the hop.
             return body.contains("hop_hops_total 3") && body.contains("hop_unhops_total 1")

@@ -301,7 +301,7 @@ import Testing
         try #require(parked.status == .parked && parked.currentStep == "main", "\(parked)")
         let expiry = Date().addingTimeInterval(1)
         try await database.storeSession(subject: "s", userID: "alice", token: "t", expiresAt: expiry)
-        try await HopStoreTestSupport.waitUntil("the session's expiry has come", timeout: .seconds(10)) {
+        try await HopStoreTestSupport.waitUntil("the session's expiry has come") {
             Date() > expiry
         }
 
@@ -621,7 +621,7 @@ import Testing
     private static func waitUntil(
         _ engine: HopEngine, runs id: Int64, _ what: String, _ condition: (RunRecord) -> Bool
     ) async throws {
-        try await HopStoreTestSupport.waitUntil("the run is \(what)", timeout: .seconds(10)) {
+        try await HopStoreTestSupport.waitUntil("the run is \(what)") {
             if let run = try? await engine.settled(runID: id), condition(run) { return true }
             _ = try? await engine.resumeAll()
             return false

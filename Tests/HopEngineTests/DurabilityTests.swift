@@ -43,7 +43,7 @@ import Testing
         let gate = Gate()
         let engine = try await Self.engine(folder, commitDelay: .seconds(600), makeDurable: true, gate: gate)
         let run = try await engine.start("startup")
-        try await waitUntil("another process sees the flag", timeout: .seconds(20)) {
+        try await waitUntil("another process sees the flag") {
             try await Self.flagSeenElsewhere(folder)
         }
         gate.open()
@@ -55,7 +55,7 @@ import Testing
         let gate = Gate()
         let engine = try await Self.engine(folder, commitDelay: .seconds(600), makeDurable: false, gate: gate)
         let run = try await engine.start("startup")
-        try await waitUntil("this engine sees the flag", timeout: .seconds(20)) {
+        try await waitUntil("this engine sees the flag") {
             try await !engine.storage.isFirstUse(subject: "default", feature: "onboarding")
         }
         #expect(try await !Self.flagSeenElsewhere(folder), "the effect was committed on its own")
@@ -70,7 +70,7 @@ import Testing
         let gate = Gate()
         let engine = try await Self.engine(folder, commitDelay: .milliseconds(2), makeDurable: false, gate: gate)
         let run = try await engine.start("startup")
-        try await waitUntil("another process sees the flag", timeout: .seconds(20)) {
+        try await waitUntil("another process sees the flag") {
             try await Self.flagSeenElsewhere(folder)
         }
         gate.open()

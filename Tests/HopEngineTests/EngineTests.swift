@@ -457,7 +457,7 @@ struct CacheError: Error, CustomStringConvertible {
             if blocking == "caller" { blocker.block() }
             return run
         }
-        try await waitUntil("the blocking code runs", timeout: .seconds(10)) {
+        try await waitUntil("the blocking code runs") {
             blocker.entered.load(ordering: .relaxed)
         }
         let quick = try await engine.start("quick", subject: "b")

@@ -187,7 +187,7 @@ import Testing
             })
         let run = try await engine.start("pair")
         let elsewhere = try await HopStore.open(path: folder.database, options: HopStore.Options(migrate: false))
-        try await waitUntil("another process sees the running step's unhop", timeout: .seconds(20)) {
+        try await waitUntil("another process sees the running step's unhop") {
             try await elsewhere.history(runID: run.id).map(\.kind) == [.hop, .unhop]
         }
         #expect(try await elsewhere.history(runID: run.id).last?.value == #""own""#)
@@ -260,7 +260,7 @@ import Testing
         let engine = try await Self.pairEngine(folder, between: { _, _ in await gate.wait() })
         let run = try await engine.start("pair")
         let elsewhere = try await HopStore.open(path: folder.database, options: HopStore.Options(migrate: false))
-        try await waitUntil("another process sees the first step's unhop", timeout: .seconds(20)) {
+        try await waitUntil("another process sees the first step's unhop") {
             try await elsewhere.history(runID: run.id).map(\.kind) == [.hop, .unhop]
         }
         gate.open()
@@ -356,10 +356,10 @@ import Testing
         #expect(inFlight.step == "first", "the held unhop was written before the test could race it")
         try await engine.unhop(flow: "pair", token: inFlight.token, output: "from outside")
         if bySweep {
-            try await waitUntil("the held unhop is written alone", timeout: .seconds(20)) { sweeps.withLock { $0 } > 0 }
+            try await waitUntil("the held unhop is written alone") { sweeps.withLock { $0 } > 0 }
         }
         gate.open()
-        try await waitUntil("the run completes", timeout: .seconds(20)) {
+        try await waitUntil("the run completes") {
             try await engine.storage.run(id: run.id)?.status == .completed
         }
         let history = try await engine.storage.history(runID: run.id)
@@ -404,7 +404,7 @@ import Testing
         let inFlight = try #require(try await engine.inFlight(flow: "pair"))
         try await engine.unhop(flow: "pair", token: inFlight.token, output: "from outside")
         proceed.open()
-        try await waitUntil("the run completes", timeout: .seconds(20)) {
+        try await waitUntil("the run completes") {
             try await engine.storage.run(id: run.id)?.status == .completed
         }
         #expect(refusal.withLock { $0 } == (makesDurable ? .refused : nil))

@@ -113,7 +113,7 @@ import Testing
         #expect(takeover.value?.contains(before.owner ?? "?") == true, "\(takeover)")
 
         owner.kill(SIGCONT)
-        try await waitUntil("the thawed owner stops its step", timeout: .seconds(10)) {
+        try await waitUntil("the thawed owner stops its step") {
             bodyLines(in: folder).contains("1 splash-cancelled")
         }
         // The thawed owner wrote nothing: the history is as B left it, and B still leads the run.
@@ -176,7 +176,7 @@ import Testing
         // written.
         owner.closeInput()
         owner.kill(SIGCONT)
-        try await waitUntil("the thawed owner's step ends", timeout: .seconds(10)) {
+        try await waitUntil("the thawed owner's step ends") {
             let lines = bodyLines(in: folder)
             return lines.contains("1 splash-ran-on")
                 || (lines.contains("1 splash-returned")
@@ -185,7 +185,7 @@ import Testing
         #expect(try await store.history(runID: 1) == history, "\(owner.stdout)")
 
         other.closeInput()
-        try await other.waitForOutput("parked onboarding", timeout: .seconds(15))
+        try await other.waitForOutput("parked onboarding")
         try await Self.finishOnboardingAndLogin(of: store, on: backend, folder, owner: owner, other: other)
         let final = try await store.history(runID: 1)
         let unhops = final.filter { $0.kind == .unhop }
@@ -208,13 +208,13 @@ import Testing
                 "hopctl", ["unhop", "--flow", "startup", "--step", "onboarding", "--db", database], in: folder
             )
             .status == 0)
-        try await waitUntil("the run waits at login", timeout: .seconds(15)) {
+        try await waitUntil("the run waits at login") {
             let run = try await store.run(id: 1)
             return run?.status == .parked && run?.currentStep == "login"
         }
         #expect(try await run("hopctl", ["session", "login", "alice", "--db", database], in: folder).status == 0)
-        #expect(try await other.waitForExit(timeout: .seconds(15)) == 0)
-        #expect(try await owner.waitForExit(timeout: .seconds(15)) == 0, "the thawed owner follows the run to its end")
+        #expect(try await other.waitForExit() == 0)
+        #expect(try await owner.waitForExit() == 0, "the thawed owner follows the run to its end")
     }
 
     /// The arguments of the twin daemons of the frozen-owner tests: the same label, external

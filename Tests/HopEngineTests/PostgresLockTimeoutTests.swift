@@ -118,14 +118,8 @@ import Testing
         let store = try await PostgresStore.open(url: url, logger: logs.logger(label: "store"))
         let incarnation = store.makeIncarnation(label: "A")
         let key = try #require(AdvisoryLock.key(ofOwner: incarnation.id))
-        /// The sessions that hold a one-key advisory lock: pid and application.
-        func holders() async throws -> [String] {
-            try await server.psql(
-                """
-                SELECT l.pid || ' ' || a.application_name FROM pg_locks l JOIN pg_stat_activity a USING (pid)
-                WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted ORDER BY l.pid
-                """, database: "timeouts"
-            ).split(whereSeparator: \.isNewline).map(String.init)
+        func holders() async throws -> [PostgresProcessTests.LockHolder] {
+            try await PostgresProcessTests.livenessLockHolders(on: server, "timeouts")
         }
         try await waitUntil("the engine holds its liveness lock", timeout: .seconds(30)) {
             try await holders().count == 1
@@ -142,15 +136,14 @@ import Testing
                 database: "timeouts"
             ).trimmingCharacters(in: .whitespacesAndNewlines) == "1"
         }
-        let pid = first.prefix { $0 != " " }
-        _ = try await server.psql("SELECT pg_terminate_backend(\(pid))", database: "timeouts")
+        _ = try await server.psql("SELECT pg_terminate_backend(\(first.pid))", database: "timeouts")
         try await Self.waitForLocks(
             statementsWaiting: 1, on: "advisory", longerThan: "300 ms", server: server, failures: Failures())
 
         taker.closeInput()  // psql exits, and the key goes with its session
         try await waitUntil("the engine holds its liveness lock again", timeout: .seconds(30)) {
             let now = try await holders()
-            return now.count == 1 && now[0] != first && now[0].hasSuffix(" hop")
+            return now.count == 1 && now[0] != first && now[0].application == "hop"
         }
         let said = logs.texts(atLeast: .debug)
         #expect(!said.contains { $0.contains("cannot take this engine's liveness lock again") }, "\(said)")

@@ -44,7 +44,7 @@ import Testing
         owner.kill()
         try await owner.waitForExit()
         let killed = Date()
-        try await other.waitForOutput("executing run 1 replaying 1", timeout: .seconds(20))
+        try await other.waitForOutput("executing run 1 replaying 1")
         #expect(Date().timeIntervalSince(killed) < 30, "taken over only when the lease expired")
         try await other.waitForOutput("parked onboarding")
         let bodies = bodyLines(in: folder)
@@ -75,19 +75,14 @@ import Testing
         let owner = try Self.daemon("A", url: url, in: folder, slowSplash: true)
         defer { owner.kill() }
         try await owner.waitForOutput("point after:hop:splash")
-        // The backends holding a one-key advisory lock in this database: A's liveness connection.
-        func holders() async throws -> [String] {
-            try await TestDatabases.shared.psql(
-                """
-                SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 AND granted
-                  AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) ORDER BY pid
-                """, in: folder
-            ).split(whereSeparator: \.isNewline).map(String.init)
+        // A's liveness connection.
+        func holders() async throws -> [LockHolder] {
+            try await Self.livenessLockHolders { try await TestDatabases.shared.psql($0, in: folder) }
         }
         let before = try await holders()
         try #require(before.count == 1, "A's liveness lock: \(before)")
-        _ = try await TestDatabases.shared.psql("SELECT pg_terminate_backend(\(before[0]))", in: folder)
-        try await waitUntil("A holds its liveness lock again, on a new connection", timeout: .seconds(20)) {
+        _ = try await TestDatabases.shared.psql("SELECT pg_terminate_backend(\(before[0].pid))", in: folder)
+        try await waitUntil("A holds its liveness lock again, on a new connection") {
             let now = try await holders()
             return now.count == 1 && now != before
         }
@@ -115,7 +110,7 @@ import Testing
         let folder = try TemporaryDirectory()
         let owner = try await Self.ownerInItsSplash(url: url, in: folder)
         defer { owner.kill() }
-        func holders() async throws -> [String] { try await Self.livenessLockHolders(on: server, "restarted") }
+        func holders() async throws -> [LockHolder] { try await Self.livenessLockHolders(on: server, "restarted") }
         let before = try await holders()
         try #require(before.count == 1, "A's liveness lock: \(before)")
 
@@ -162,13 +157,34 @@ import Testing
         return owner
     }
 
+    /// A server process that holds a lock: its pid and its client's `application_name` (`hop`
+    /// for a store's connection, `psql` for a test's client).
+    struct LockHolder: Hashable, CustomStringConvertible {
+        let pid: String
+        let application: String
+        var description: String { "\(pid) \(application)" }
+    }
+
     /// The server processes that hold a one-key advisory lock (an engine's liveness lock; a
-    /// subject's lock, held for a transaction, has two keys) in `database`, by pid.
-    static func livenessLockHolders(on server: PostgresServer, _ database: String) async throws -> [String] {
-        try await server.psql(
-            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 AND granted ORDER BY pid",
-            database: database
-        ).split(whereSeparator: \.isNewline).map(String.init)
+    /// subject's lock, held for a transaction, has two keys) in the database `psql` runs its
+    /// statement on, by pid.
+    static func livenessLockHolders(_ psql: (String) async throws -> String) async throws -> [LockHolder] {
+        try await psql(
+            """
+            SELECT l.pid || ' ' || a.application_name FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+            WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+              AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+            ORDER BY l.pid
+            """
+        ).split(whereSeparator: \.isNewline).map { line in
+            let pid = line.prefix { $0 != " " }
+            return LockHolder(pid: String(pid), application: String(line.dropFirst(pid.count + 1)))
+        }
+    }
+
+    /// The holders of a liveness lock in `database` on `server`.
+    static func livenessLockHolders(on server: PostgresServer, _ database: String) async throws -> [LockHolder] {
+        try await livenessLockHolders { try await server.psql($0, database: database) }
     }
 
     /// Two daemons on a server an operator restarts (`pg_ctl restart`, a minor upgrade) while
@@ -185,7 +201,7 @@ import Testing
         let other = try Self.daemon("B", url: url, in: folder)
         defer { other.kill() }
         try await other.waitForOutput("ready")
-        func holders() async throws -> Set<String> {
+        func holders() async throws -> Set<LockHolder> {
             Set(try await Self.livenessLockHolders(on: server, "restarted_twice"))
         }
         let before = try await holders()
@@ -198,7 +214,7 @@ import Testing
         }
         // B's watch has looked for dead engines (every 20 ms) since both locks are back.
         let back = ContinuousClock.now
-        try await waitUntil("B has polled for a second with both locks back", timeout: .seconds(10)) {
+        try await waitUntil("B has polled for a second with both locks back") {
             ContinuousClock.now - back > .seconds(1)
         }
         try await Self.endSplash(of: owner, keptFrom: other, url: url, in: folder)
@@ -221,14 +237,14 @@ import Testing
         let other = try Self.daemon("B", url: url, in: folder, lease: 3)
         defer { other.kill() }
         try await other.waitForOutput("ready")
-        func holders() async throws -> Set<String> { Set(try await Self.livenessLockHolders(on: server, "outage")) }
+        func holders() async throws -> Set<LockHolder> { Set(try await Self.livenessLockHolders(on: server, "outage")) }
         try #require(try await holders().count == 2, "A's and B's liveness locks")
 
         try await server.stop()
         try await stopEveryThread(of: owner.processIdentifier)
         defer { owner.kill(SIGCONT) }
         let stopped = ContinuousClock.now
-        try await waitUntil("the server has been away for longer than a lease", timeout: .seconds(10)) {
+        try await waitUntil("the server has been away for longer than a lease") {
             ContinuousClock.now - stopped > .seconds(4)
         }
         try await server.startAgain()
@@ -237,7 +253,7 @@ import Testing
             (try? await holders())?.count == 1
         }
         // B polls every 20 ms: without the grace it takes the run well within these 3 s.
-        try await waitUntil("B has polled for 3 s", timeout: .seconds(10)) {
+        try await waitUntil("B has polled for 3 s") {
             ContinuousClock.now - started > .seconds(3)
         }
         owner.kill(SIGCONT)
@@ -284,7 +300,7 @@ import Testing
 
         try await server.stop()
         owner.kill(SIGTERM)
-        #expect(try await owner.waitForExit(timeout: .seconds(20)) == 0, "\(owner.stdout)\(owner.stderr)")
+        #expect(try await owner.waitForExit() == 0, "\(owner.stdout)\(owner.stderr)")
         #expect(owner.stdout.contains("stopped"))
         #expect(bodyLines(in: folder).contains("1 splash-cancelled"))
 
@@ -459,7 +475,7 @@ import Testing
         let store = try await TestBackend.postgres.open(folder)
         // A lease of 3 s renewed every second: one that ends more than 3 s after the wait began
         // was renewed during it.
-        try await waitUntil("the engine renews its lease while it waits", timeout: .seconds(15)) {
+        try await waitUntil("the engine renews its lease while it waits") {
             let run = try await store.run(id: 1)
             return (run?.leaseExpiresAt ?? .distantPast) > waiting.addingTimeInterval(3.5)
         }

@@ -13,9 +13,9 @@ import Testing
         let store = try await HopStore.open(path: folder.database)
         _ = try await store.unhopParked(
             flow: "startup", subject: "default", step: "onboarding", output: #"{"accepted":true}"#)
-        try await daemon.waitForOutput("parked login", timeout: .seconds(10))
+        try await daemon.waitForOutput("parked login")
         try await store.storeSession(subject: "default", userID: "alice", token: "secret")
-        try await daemon.waitForOutput("settled completed", timeout: .seconds(10))
+        try await daemon.waitForOutput("settled completed")
         #expect(try await daemon.waitForExit() == 0)
     }
 

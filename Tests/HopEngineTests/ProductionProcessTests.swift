@@ -89,8 +89,8 @@ import Testing
         try await daemon.waitForOutput("point after:hop:splash")
         let cancel = try await run("hopctl", ["cancel", "--flow", "startup", "--db", folder.database], in: folder)
         #expect(cancel.status == 0, "\(cancel.stderr)")
-        try await daemon.waitForOutput("settled cancelled", timeout: .seconds(10))
-        try await waitUntil("the splash task sees its cancellation", timeout: .seconds(10)) {
+        try await daemon.waitForOutput("settled cancelled")
+        try await waitUntil("the splash task sees its cancellation") {
             bodyLines(in: folder).contains("1 splash-cancelled")
         }
         let store = try await HopStore.open(path: folder.database)
@@ -118,8 +118,8 @@ import Testing
 
         owner.kill()
         try await owner.waitForExit()
-        try await other.waitForOutput("executing run 1 replaying 1", timeout: .seconds(10))
-        try await other.waitForOutput("parked onboarding", timeout: .seconds(10))
+        try await other.waitForOutput("executing run 1 replaying 1")
+        try await other.waitForOutput("parked onboarding")
         let bodies = bodyLines(in: folder)
         #expect(bodies.filter { $0 == "1 splash" }.count == 2, "the in-flight splash ran again in B: \(bodies)")
         #expect(try await store.history(runID: 1).filter { $0.kind == .hop && $0.step == "splash" }.count == 1)
@@ -135,12 +135,12 @@ import Testing
         try await daemon.waitForOutput("parked login")
         #expect(
             try await run("hopctl", ["session", "login", "alice", "--db", folder.database], in: folder).status == 0)
-        try await daemon.waitForOutput("parked main", timeout: .seconds(10))
+        try await daemon.waitForOutput("parked main")
 
         let logout = try await run("hopctl", ["session", "logout", "--db", folder.database], in: folder)
         #expect(logout.stdout.contains("run 1 was re-routed by the logout"), "\(logout.stdout)")
         // How soon is hop-bench's to measure; here: the running daemon notices the logout by itself.
-        try await waitUntil("the daemon parks at login again", timeout: .seconds(10)) {
+        try await waitUntil("the daemon parks at login again") {
             daemon.stdout.components(separatedBy: "parked login").count == 3
         }
         let kinds = try await store.history(runID: 1).map { "\($0.kind.rawValue) \($0.step ?? "")" }

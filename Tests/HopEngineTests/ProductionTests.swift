@@ -107,11 +107,11 @@ import Testing
         for subject in 0..<200 {
             _ = try await operator_.unhopParked(flow: "startup", subject: "user-\(subject)", step: "onboarding")
         }
-        try await waitUntil("every run parks at login", timeout: .seconds(10)) {
+        try await waitUntil("every run parks at login") {
             try await operator_.runs(flow: "startup").allSatisfy { $0.currentStep == "login" && $0.status == .parked }
         }
         // Parked again, each run lets its task go (just after its park is committed).
-        try await waitUntil("no run holds a task", timeout: .seconds(10)) { await engine.executingCount == 0 }
+        try await waitUntil("no run holds a task") { await engine.executingCount == 0 }
     }
 
     @Test func metricsCountHopsUnhopsResumesAndTimeSteps() async throws {

@@ -238,7 +238,7 @@ import Testing
             ["unhop", "--flow", "startup", "--subject", "user-1", "--step", "onboarding", "--db", folder.database],
             in: folder)
         #expect(unhop.status == 0, "\(unhop.stderr)")
-        try await waitUntil("the unhopped run moves on to login", timeout: .seconds(20)) {
+        try await waitUntil("the unhopped run moves on to login") {
             try await store.latestRun(flow: "startup", subject: "user-1")?.currentStep == "login"
         }
         #expect(try await store.integrityCheck() == ["ok"])

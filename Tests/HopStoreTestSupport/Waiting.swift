@@ -8,6 +8,11 @@ public struct TestFailure: Error, CustomStringConvertible {
 
 /// Waits until `condition` holds and fails after `timeout`.
 ///
+/// The deadline only keeps a failing test from hanging: a test that asserts how soon something
+/// happens measures it, never with this deadline. Tests take the default: at the suite's
+/// busiest (its first minutes, both cores taken), a daemon's start or an engine's durable hop
+/// has been seen to take over 10 s.
+///
 /// It looks again after a millisecond, then twice as long each time, up to every 40 ms: a
 /// condition that holds at once is seen at once, and a long wait costs few wake-ups. The suite
 /// runs a few hundred waits at once: looking every 5 ms, they woke the test process thousands

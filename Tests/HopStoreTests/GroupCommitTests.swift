@@ -102,7 +102,7 @@ extension HopStore {
         let run = try await store.startRun(flow: "f", subject: "s", version: "1").run
         let other = try await Self.elsewhere(folder)
         try await store.recordDecision(runID: run.id, name: "a", value: "1", durability: .coalesced)
-        try await waitUntil("another connection sees the decision", timeout: .seconds(10)) {
+        try await waitUntil("another connection sees the decision") {
             try await other.history(runID: run.id).count == 1
         }
     }

@@ -56,10 +56,10 @@ import Testing
         let unhop = try await hopctl(
             ["unhop", "--flow", "startup", "--subject", "kiosk-1", "--step", "onboarding"], in: folder, db: middle)
         #expect(unhop.status == 0, "\(unhop.stderr)")
-        try await resumed.waitForOutput("parked login", timeout: .seconds(10))
+        try await resumed.waitForOutput("parked login")
         #expect(
             try await hopctl(["session", "login", "dave", "--subject", "kiosk-1"], in: folder, db: middle).status == 0)
-        try await resumed.waitForOutput("settled completed", timeout: .seconds(10))
+        try await resumed.waitForOutput("settled completed")
         let started = try await hopctl(["start", "--flow", "startup", "--subject", "kiosk-9"], in: folder, db: middle)
         #expect(started.status == 0 && started.stdout.contains("started run 3"), "\(started.stdout)\(started.stderr)")
         resumed.kill()

@@ -67,9 +67,9 @@ import Testing
         // on a machine loaded by the whole suite, and find no session.
         #expect(try await hopctl(["session", "login", "alice", "--expires-in", "4s"], in: folder).status == 0)
         let expiry = try #require(try await store.session(subject: "default")?.expiresAt)
-        try await daemon.waitForOutput("parked main", timeout: .seconds(10))
+        try await daemon.waitForOutput("parked main")
 
-        try await waitUntil("the daemon parks at login again once the session expired", timeout: .seconds(20)) {
+        try await waitUntil("the daemon parks at login again once the session expired") {
             daemon.stdout.components(separatedBy: "parked login").count == 3
         }
         let history = try await store.history(runID: 1)
@@ -100,7 +100,7 @@ import Testing
         try await first.waitForExit()
         #expect(first.stdout.contains("point after:hop:main"), "\(first.stdout)")
         let expiry = try #require(try await store.history(runID: 1).last).at.addingTimeInterval(3)
-        try await waitUntil("the session has expired", timeout: .seconds(10)) {
+        try await waitUntil("the session has expired") {
             Date() > expiry.addingTimeInterval(0.2)
         }
         #expect(try await store.run(id: 1)?.currentStep == "main", "nothing moved the run while no daemon ran")
@@ -108,7 +108,7 @@ import Testing
         let second = try ChildProcess(
             "hop-test-daemon", ["--db", folder.database, "--external", "--reroute"], directory: folder)
         defer { second.kill() }
-        try await second.waitForOutput("parked login", timeout: .seconds(10))
+        try await second.waitForOutput("parked login")
         let kinds = try await store.history(runID: 1).filter { $0.kind != .takeover }.map {
             "\($0.kind.rawValue) \($0.step ?? "")"
         }

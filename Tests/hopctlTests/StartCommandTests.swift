@@ -22,7 +22,7 @@ import Testing
         let runID = try #require(started["run"] as? Int64)
         #expect(started["subject"] as? String == "user-9" && started["flow_version"] as? String == version)
         // The daemon claims it through the change notification and runs it to its first external step.
-        try await waitUntil("the daemon executes the run hopctl started", timeout: .seconds(20)) {
+        try await waitUntil("the daemon executes the run hopctl started") {
             try await store.run(id: runID)?.currentStep == "onboarding"
         }
         #expect(try await store.history(runID: runID).first?.step == "splash")
@@ -57,12 +57,12 @@ import Testing
         #expect(unhop.status == 0, "\(unhop.stderr)")
         let login = try await hopctl(["session", "login", "alice", "--subject", "user-9"], in: folder)
         #expect(login.status == 0, "\(login.stderr)")
-        try await waitUntil("the first run completes", timeout: .seconds(20)) {
+        try await waitUntil("the first run completes") {
             try await store.run(id: runID)?.status == .completed
         }
         let again = try await hopctl(["start", "--flow", "startup", "--subject", "user-9"], in: folder)
         #expect(again.status == 0 && again.stdout.contains("started run"), "\(again.stderr)")
-        try await waitUntil("the daemon runs the second run to its end", timeout: .seconds(20)) {
+        try await waitUntil("the daemon runs the second run to its end") {
             try await store.latestRun(flow: "startup", subject: "user-9")?.status == .completed
         }
         let second = try #require(try await store.latestRun(flow: "startup", subject: "user-9"))

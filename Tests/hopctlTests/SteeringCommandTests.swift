@@ -18,7 +18,7 @@ import Testing
             db: db)
         #expect(unhop.status == 0, "\(unhop.stderr)")
         #expect(unhop.stdout.contains("unhopped onboarding"))
-        try await daemon.waitForOutput("parked login", timeout: .seconds(10))
+        try await daemon.waitForOutput("parked login")
 
         // The same command again (a retry, a double click): it must not finish login.
         let again = try await hopctl(["unhop", "--flow", "startup", "--step", "onboarding"], in: folder, db: db)
@@ -31,7 +31,7 @@ import Testing
         #expect(try await store.run(id: 1)?.currentStep == "login")
         #expect(try await store.session(subject: "default") == nil)
         #expect(try await hopctl(["session", "login", "alice"], in: folder, db: db).status == 0)
-        try await daemon.waitForOutput("settled completed", timeout: .seconds(10))
+        try await daemon.waitForOutput("settled completed")
         let nothing = try await hopctl(["unhop", "--flow", "startup", "--step", "main"], in: folder, db: db)
         #expect(nothing.status == 1)
         #expect(nothing.stderr.contains("no unfinished run of flow 'startup' for subject 'default'"))
@@ -101,7 +101,7 @@ import Testing
 
         let last = ["unhop", "--flow", "review", "--step", "approve", "--run", "1", "--entry", "\(second.entry)"]
         #expect(try await hopctl(last, in: folder, db: db).status == 0)
-        try await daemon.waitForOutput("settled completed", timeout: .seconds(10))
+        try await daemon.waitForOutput("settled completed")
         let finished = try await hopctl(last, in: folder, db: db)
         #expect(
             finished.status == 1 && finished.stderr.contains("run 1 is already completed; nothing was changed"),
@@ -218,7 +218,7 @@ import Testing
         #expect(login.status == 0, "\(login.stderr)")
         #expect(!login.stdout.contains("very-secret-token") && !login.stderr.contains("very-secret-token"))
         #expect(login.stdout.contains("was waiting for a login"))
-        try await daemon.waitForOutput("settled completed", timeout: .seconds(10))
+        try await daemon.waitForOutput("settled completed")
         let store = try await backend.open(folder)
         let session = try #require(try await store.session(subject: "default"))
         #expect(session.token == "very-secret-token" && session.userID == "alice")
