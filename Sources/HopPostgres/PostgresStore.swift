@@ -299,6 +299,16 @@ public final class PostgresStore: Sendable {
             if let info = error.serverInfo {
                 let message = info[.message] ?? "error"
                 let state = info[.sqlState].map { " (SQLSTATE \($0))" } ?? ""
+                if info[.sqlState] == "55P03" {
+                    // The database's or role's `lock_timeout` ran out: PostgreSQL's busy.
+                    return HopError(
+                        .busy, operation: operation, path: location,
+                        reason:
+                            "the database is busy: another session held a lock longer than its lock_timeout\(state)",
+                        hint: info[.hint]
+                            ?? "Try again; if it persists, check which session keeps a transaction open on Hop's tables (pg_stat_activity), or raise lock_timeout for Hop's role"
+                    )
+                }
                 return HopError(
                     .postgres, operation: operation, path: location, reason: "the server refused: \(message)\(state)",
                     hint: info[.hint])

@@ -151,6 +151,47 @@ import Testing
         await store.close()
     }
 
+    /// A lock another client holds longer than the database's `lock_timeout` (an operator's
+    /// `LOCK TABLE`, a `VACUUM FULL`), which Hop's statements honour: the one refused is
+    /// PostgreSQL's busy, as SQLite's write lock held past the busy timeout is. `.busy`, "the
+    /// database is busy", what to check, and nothing changed; `hopctl` says so and exits 1.
+    /// Before, it was a `.postgres` error in the server's words ("canceling statement due to lock
+    /// timeout") that said neither what held it nor what to do.
+    @Test(.enabled(if: PostgresProcessTests.available))
+    func aStatementRefusedByTheLockTimeoutIsBusyAndSaysWhatToCheck() async throws {
+        let (server, url) = try await PostgresServer.ofItsOwn(database: "timeouts")
+        let folder = try TemporaryDirectory()
+        try await server.psql("ALTER DATABASE timeouts SET lock_timeout = '100ms'")
+        let store = try await PostgresStore.open(url: url)
+        let started = try await store.startRun(
+            flow: "startup", subject: "alice", version: "1", owner: nil, until: nil, durability: .now
+        ).run
+        let before = try await store.history(runID: started.id)
+
+        let holder = try await server.session(
+            running: "BEGIN; LOCK TABLE runs IN ACCESS EXCLUSIVE MODE", database: "timeouts", in: folder)
+        defer { holder.kill() }
+        let refused = await #expect(throws: HopError.self) {
+            _ = try await store.cancelRun(flow: "startup", subject: "alice", runID: started.id, reason: "by the test")
+        }
+        #expect(refused?.code == .busy, "\(String(describing: refused))")
+        #expect(refused?.reason.hasPrefix("the database is busy: another session held a lock") == true)
+        #expect(refused?.hint?.contains("pg_stat_activity") == true, "\(String(describing: refused))")
+        let cancel = try await run(
+            "hopctl", ["cancel", "--flow", "startup", "--subject", "alice", "--run", "\(started.id)", "--db", url],
+            in: folder)
+        #expect(cancel.status == 1, "\(cancel.stdout)\(cancel.stderr)")
+        #expect(
+            cancel.stderr.contains("the database is busy") && cancel.stderr.contains("lock_timeout"), "\(cancel.stderr)"
+        )
+
+        holder.closeInput()  // psql exits, and the lock goes with its session
+        try await waitUntil("the table is free") { (try? await store.run(id: started.id)) != nil }
+        #expect(try await store.run(id: started.id)?.status == started.status, "the refused cancel changed the run")
+        #expect(try await store.history(runID: started.id) == before)
+        await store.close()
+    }
+
     /// Waits until `count` of the store's statements wait for a lock of type `event`
     /// (`pg_stat_activity.wait_event`) for longer than `duration`: longer than the database's
     /// `lock_timeout`, which would have ended them by then. Throws as soon as one of the writes
