@@ -20,9 +20,8 @@ import Testing
     /// SystemdTests demo test, whose database sets 100 ms, when the demo's park took longer.
     @Test(.enabled(if: PostgresProcessTests.available))
     func aLoginAndAParkWaitForTheLockOfTheirSubjectWhateverTheLockTimeout() async throws {
-        let (server, url) = try await PostgresServer.ofItsOwn(database: "timeouts")
+        let (server, url) = try await Self.serverWithALockTimeout()
         let folder = try TemporaryDirectory()
-        try await server.psql("ALTER DATABASE timeouts SET lock_timeout = '100ms'")
         let store = try await PostgresStore.open(url: url)
         let owner = "A#0123456789abcdef"  // no liveness lock of this store: not waited for
         let parked = try await store.startRun(
@@ -66,9 +65,8 @@ import Testing
     /// statement due to lock timeout".
     @Test(.enabled(if: PostgresProcessTests.available))
     func aWriteThatNotifiesWaitsForAnotherCommitWhateverTheLockTimeout() async throws {
-        let (server, url) = try await PostgresServer.ofItsOwn(database: "timeouts")
+        let (server, url) = try await Self.serverWithALockTimeout()
         let folder = try TemporaryDirectory()
-        try await server.psql("ALTER DATABASE timeouts SET lock_timeout = '100ms'")
         // A commit that asks for it waits for a standby that never comes; Hop's commits do not.
         try await server.psql("ALTER DATABASE timeouts SET synchronous_commit = local")
         try await server.psql("ALTER SYSTEM SET synchronous_standby_names = 'nobody'")
@@ -111,9 +109,8 @@ import Testing
     /// again with a growing pause, and the engine said it could not take its liveness lock again.
     @Test(.enabled(if: PostgresProcessTests.available))
     func theLivenessLockTakenAgainIsWaitedForWhateverTheLockTimeout() async throws {
-        let (server, url) = try await PostgresServer.ofItsOwn(database: "timeouts")
+        let (server, url) = try await Self.serverWithALockTimeout()
         let folder = try TemporaryDirectory()
-        try await server.psql("ALTER DATABASE timeouts SET lock_timeout = '100ms'")
         let logs = InMemoryLogHandler.keepingEverything()
         let store = try await PostgresStore.open(url: url, logger: logs.logger(label: "store"))
         let incarnation = store.makeIncarnation(label: "A")
@@ -159,9 +156,8 @@ import Testing
     /// timeout") that said neither what held it nor what to do.
     @Test(.enabled(if: PostgresProcessTests.available))
     func aStatementRefusedByTheLockTimeoutIsBusyAndSaysWhatToCheck() async throws {
-        let (server, url) = try await PostgresServer.ofItsOwn(database: "timeouts")
+        let (server, url) = try await Self.serverWithALockTimeout()
         let folder = try TemporaryDirectory()
-        try await server.psql("ALTER DATABASE timeouts SET lock_timeout = '100ms'")
         let store = try await PostgresStore.open(url: url)
         let started = try await store.startRun(
             flow: "startup", subject: "alice", version: "1", owner: nil, until: nil, durability: .now
@@ -190,6 +186,14 @@ import Testing
         #expect(try await store.run(id: started.id)?.status == started.status, "the refused cancel changed the run")
         #expect(try await store.history(runID: started.id) == before)
         await store.close()
+    }
+
+    /// A server of the test's own whose database `timeouts` has a `lock_timeout` of 100 ms, and
+    /// the database's URL.
+    static func serverWithALockTimeout() async throws -> (PostgresServer, String) {
+        let (server, url) = try await PostgresServer.ofItsOwn(database: "timeouts")
+        try await server.psql("ALTER DATABASE timeouts SET lock_timeout = '100ms'")
+        return (server, url)
     }
 
     /// Waits until `count` of the store's statements wait for a lock of type `event`
