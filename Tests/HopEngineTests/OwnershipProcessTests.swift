@@ -8,10 +8,15 @@ import Testing
 @Suite struct OwnershipProcessTests {
     @Test func aDaemonRestartedWithTheSameLabelAfterSIGKILLTakesEveryRunBackAtOnce() async throws {
         let folder = try TemporaryDirectory()
-        // A lease far longer than the test: nothing here may wait for one to expire.
+        // A lease far longer than the test: nothing here may wait for one to expire. Sleeps and
+        // timeouts of 60 s, longer than the daemon may take to start all 51 runs (50 s): the
+        // daemon is killed before any comes due. With 10 s, CI's busiest first minute once let
+        // every one come due before the kill.
         let arguments = ["--db", folder.database, "--mixed", "51", "--engine-id", "kiosk", "--lease", "120"]
-        let first = try ChildProcess("hop-test-daemon", arguments, keepInputOpen: true, directory: folder)
-        try await first.waitForOutput("started 51", timeout: .seconds(60))
+        let environment = ["HOP_TEST_MIXED_WAIT": "60"]
+        let first = try ChildProcess(
+            "hop-test-daemon", arguments, environment: environment, keepInputOpen: true, directory: folder)
+        try await first.waitForOutput("started 51", timeout: .seconds(50))
         first.kill()
         try await first.waitForExit()
 
@@ -27,7 +32,8 @@ import Testing
         #expect(inFlight.count + parked.count >= 34, "up to 17 parked with a timeout, unless it came before the kill")
         let unfinished = Set((inFlight + parked).map(\.id))
 
-        let second = try ChildProcess("hop-test-daemon", arguments, keepInputOpen: true, directory: folder)
+        let second = try ChildProcess(
+            "hop-test-daemon", arguments, environment: environment, keepInputOpen: true, directory: folder)
         defer { second.kill() }
         try await second.waitForOutput("ready", timeout: .seconds(30))
         // Ready means resumed: no run is held by the dead process any more, and every run in
@@ -43,7 +49,8 @@ import Testing
                 "run \(run.id): \(run.owner ?? "-")")
         }
         #expect(FileManager.default.createFile(atPath: folder.database + ".release", contents: nil))
-        try await waitUntil("all 51 runs completed, long before a lease could expire", timeout: .seconds(30)) {
+        // The sleeps and timeouts come due 60 s after they began; the dead process's leases, 120 s.
+        try await waitUntil("all 51 runs completed", timeout: .seconds(120)) {
             let running = try await store.unfinishedRuns(status: .running, flows: ["mixed"])
             let parked = try await store.unfinishedRuns(status: .parked, flows: ["mixed"])
             return running.isEmpty && parked.isEmpty

@@ -52,6 +52,8 @@ import Synchronization
 //                              is still held whenever the test freezes the process
 //   HOP_TEST_SPLASH_WAITS=1    splash waits until standard input closes, then goes on as usual
 //   HOP_TEST_WORK_TIMEOUT=<s>  (with --mixed) the step "work" times out after s seconds
+//   HOP_TEST_MIXED_WAIT=<s>    (with --mixed) the durable sleep and the external step's timeout last s
+//                              seconds instead of 10
 //   HOP_TEST_PAUSE_BEFORE_END=1  after main the flow body sleeps 600 s before it returns, recording nothing
 // Prints "point <point>" for every point, "parked <step>" and "settled <status>".
 // Each step body appends "<run id> <step>\n" to PATH.bodies, so tests can count how often bodies ran.
@@ -266,12 +268,15 @@ do {
     let workTimeout = ProcessInfo.processInfo.environment["HOP_TEST_WORK_TIMEOUT"].flatMap(Int.init).map {
         Duration.seconds($0)
     }
+    let mixedWait = ProcessInfo.processInfo.environment["HOP_TEST_MIXED_WAIT"].flatMap(Int.init).map {
+        Duration.seconds($0)
+    }
     engine.register(
         Flow("mixed", version: "1") { flow in
             switch flow.subject.split(separator: "-").last.flatMap({ Int($0) }).map({ $0 % 3 }) {
             case 0: try await flow.hop(to: "work", timeout: workTimeout)
-            case 1: try await flow.sleep(for: .seconds(10), name: "nap")
-            default: try await flow.hop(to: "wait", timeout: .seconds(10))
+            case 1: try await flow.sleep(for: mixedWait ?? .seconds(10), name: "nap")
+            default: try await flow.hop(to: "wait", timeout: mixedWait ?? .seconds(10))
             }
             try await flow.hop(to: "done")
         })
