@@ -31,9 +31,9 @@ import Synchronization
 //                once every run is parked, and serves until its standard input closes
 //   --mixed N    runs the flow "mixed" for subjects mixed-0 … mixed-(N-1), a third of them each in a
 //                step that works until the file PATH.release exists, in a durable sleep of 10 s, and
-//                parked on an external step with a 10 s timeout (long enough that a loaded machine
-//                starts all N before the first sleep or timeout is due); prints "started N" once every run is
-//                there, and serves until standard input closes
+//                parked on an external step with a 10 s timeout (HOP_TEST_MIXED_WAIT sets both: a test
+//                that must start many runs before the first is due, on a loaded machine, sets more);
+//                prints "started N" once every run is there, and serves until standard input closes
 //   --fleet      one engine of a fleet: every step in process, each working 50-300 ms; runs
 //                whatever runs it can claim (started elsewhere) and serves until standard input
 //                closes. Each body line in PREFIX.bodies also names the process: "<run> <step> <pid>"
