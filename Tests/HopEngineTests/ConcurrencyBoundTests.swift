@@ -166,13 +166,11 @@ import Testing
         // The observer is told once the release ended. A release still under way after the
         // stop's two moments (one for the release, one for the read) leaves the run untold;
         // the engine said its release was late.
-        let late = logs.texts(atLeast: .warning).filter {
-            $0.contains("stopped without waiting longer for the release")
-        }
+        let late = logs.texts(atLeast: .warning).filter { $0.contains(StopTests.lateRelease) }
         #expect(
             Set(settled.map(\.id)).isSubset(of: inFlight.entered)
                 && inFlight.entered.allSatisfy { id in
-                    settled.contains { $0.id == id } || late.contains { $0.contains("release of run \(id):") }
+                    settled.contains { $0.id == id } || late.contains { $0.contains("\(StopTests.lateRelease) \(id):") }
                 },
             "the observer was told \(settled.map(\.id)) settled; the stopped runs were \(inFlight.entered); late: \(late)"
         )

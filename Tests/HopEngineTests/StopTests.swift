@@ -26,6 +26,9 @@ final class SettledRuns: Sendable {
 
 /// A graceful stop whose database is slow to answer the release of the runs it lets go.
 @Suite struct StopTests {
+    /// What the engine logs, followed by " <run id>:", when a stop stopped waiting for a run's release.
+    static let lateRelease = "stopped without waiting longer for the release of run"
+
     /// A log handler that hands each message to `heard` as it is logged: a test that must act
     /// the moment the engine says something, whatever the load on the machine.
     struct Listening: LogHandler {
@@ -50,7 +53,7 @@ final class SettledRuns: Sendable {
         defer { gate.open() }
         storage.holdReleases(until: gate)
         let logs = InMemoryLogHandler.keepingEverything()
-        let late = "stopped without waiting longer for the release of run"
+        let late = Self.lateRelease
         let logger = Logger(label: "stop") { label in
             MultiplexLogHandler([
                 logs.logger(label: label).handler,

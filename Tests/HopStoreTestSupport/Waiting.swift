@@ -9,7 +9,7 @@ public struct TestFailure: Error, CustomStringConvertible {
 /// Waits until `condition` holds and fails after `timeout`.
 ///
 /// The deadline only keeps a failing test from hanging: a test that asserts how soon something
-/// happens measures it, never with this deadline. Tests take the default: at the suite's
+/// happens measures it, never with this deadline. None sets one under the default: at the suite's
 /// busiest (its first minutes, both cores taken), a daemon's start or an engine's durable hop
 /// has been seen to take over 10 s.
 ///
