@@ -168,13 +168,16 @@ public final class PostgresStore: Sendable {
     // MARK: Statements
 
     /// Runs `body` in one transaction (`BEGIN` … `COMMIT`, rolled back when it throws), again
-    /// from the start when the server broke a deadlock by aborting it, or when the connection
-    /// was lost before `COMMIT` was sent (``isConnectionLost(_:)``: nothing of it was committed).
-    /// A connection lost while committing is an error: whether the commit took is unknown.
+    /// from the start when the server broke a deadlock by aborting it, when a lock wait was cut
+    /// short by `lock_timeout` within the first ``lockWaitBudget`` (``isLockTimeout(_:)``), or
+    /// when the connection was lost before `COMMIT` was sent (``isConnectionLost(_:)``: nothing
+    /// of it was committed). A connection lost while committing is an error: whether the commit
+    /// took is unknown.
     @discardableResult
     func transaction<Result: Sendable>(
         _ operation: String, _ body: @escaping @Sendable (PostgresTransaction) async throws -> Result
     ) async throws -> Result {
+        let started = ContinuousClock.now
         var attempt = 0
         while true {
             attempt += 1
@@ -193,6 +196,7 @@ public final class PostgresStore: Sendable {
                 }
             } catch {
                 let cause = Self.cause(of: error)
+                if await Self.triesAgain(afterLockTimeout: cause, since: started, attempt: attempt) { continue }
                 if attempt < Self.attempts {
                     if let failure = cause as? PSQLError, Self.isRetryable(failure) { continue }
                     let committing = (error as? PostgresTransactionError)?.commitError != nil
@@ -223,16 +227,19 @@ public final class PostgresStore: Sendable {
     }
 
     /// Runs `statement`, one statement outside a transaction, again when the server broke a
-    /// deadlock by aborting it (``isRetryable(_:)``) or when its connection was lost before it
-    /// was answered (``isConnectionLost(_:)``: on another connection of the pool, or on the
-    /// same one taken again); its last error as a ``HopError`` naming `operation`.
+    /// deadlock by aborting it (``isRetryable(_:)``), when `lock_timeout` cut its lock wait
+    /// short within the first ``lockWaitBudget`` (``isLockTimeout(_:)``), or when its connection
+    /// was lost before it was answered (``isConnectionLost(_:)``: on another connection of the
+    /// pool, or on the same one taken again); its last error as a ``HopError`` naming `operation`.
     func retried<T>(_ operation: String, _ statement: () async throws -> T) async throws -> T {
+        let started = ContinuousClock.now
         var attempt = 0
         while true {
             attempt += 1
             do {
                 return try await statement()
             } catch {
+                if await Self.triesAgain(afterLockTimeout: error, since: started, attempt: attempt) { continue }
                 if attempt < Self.attempts {
                     if let failure = error as? PSQLError, Self.isRetryable(failure) { continue }
                     if Self.isConnectionLost(error), await Self.pause(before: attempt + 1) { continue }
@@ -244,6 +251,36 @@ public final class PostgresStore: Sendable {
 
     /// How many times a statement or a transaction is tried before its error is the caller's.
     static let attempts = 5
+
+    /// How long, from its first try, a statement or a transaction whose lock wait a database's
+    /// or role's `lock_timeout` cut short is tried again (with ``pause(before:)`` between tries).
+    ///
+    /// Hop's own transactions of one run lock its row (`FOR UPDATE`) and hold it until they
+    /// commit: a wait of a commit's length, which a `lock_timeout` of 100 ms refuses on a loaded
+    /// server, and an engine's write refused so stops its run, which resumes from its history (a
+    /// step whose end was refused runs again). Tried again, such a wait is waited out. A lock held longer (an
+    /// operator's `LOCK TABLE`, a `VACUUM FULL`) is still refused, as ``HopError/Code/busy``,
+    /// after about this long or the `lock_timeout`, whichever is longer: with a `lock_timeout`
+    /// of a second or more, the first refusal is the caller's.
+    static let lockWaitBudget = Duration.seconds(1)
+
+    /// Whether try `attempt`, begun at `started` (the first try's start) and failed with `error`,
+    /// is tried again because `lock_timeout` refused it (``isLockTimeout(_:)``): within
+    /// ``lockWaitBudget`` of the first try, after ``pause(before:)``.
+    static func triesAgain(
+        afterLockTimeout error: any Error, since started: ContinuousClock.Instant, attempt: Int
+    )
+        async -> Bool
+    {
+        guard isLockTimeout(error), ContinuousClock.now - started < lockWaitBudget else { return false }
+        return await pause(before: attempt + 1)
+    }
+
+    /// Whether `error` is the server's refusal of a lock wait that ran past `lock_timeout`
+    /// (SQLSTATE 55P03; Hop takes no lock with `NOWAIT`, which fails with it too).
+    static func isLockTimeout(_ error: any Error) -> Bool {
+        (error as? PSQLError)?.serverInfo?[.sqlState] == "55P03"
+    }
 
     /// Whether `error` says the connection went before the statement was done, so the server did
     /// nothing of it: the server restarted or ended the session (SQLSTATE class 57P: an
@@ -299,7 +336,7 @@ public final class PostgresStore: Sendable {
             if let info = error.serverInfo {
                 let message = info[.message] ?? "error"
                 let state = info[.sqlState].map { " (SQLSTATE \($0))" } ?? ""
-                if info[.sqlState] == "55P03" {
+                if Self.isLockTimeout(error) {
                     // The database's or role's `lock_timeout` ran out: PostgreSQL's busy.
                     return HopError(
                         .busy, operation: operation, path: location,

@@ -190,8 +190,9 @@ import Glibc
             "hopctl", ["unhop", "--flow", "startup", "--step", "onboarding", "--db", url], in: folder)
         #expect(unhop.status == 0, "\(unhop.stderr)")
         // Parked at login first: a login while the demo writes its run waits for the run's row,
-        // which the `lock_timeout` of 100 ms one of these tests sets may refuse under load (exit
-        // 1). Hop's own locks (its subject's, the notifications') are not refused: see
+        // which the `lock_timeout` of 100 ms one of these tests sets refuses; tried again for
+        // about a second, a commit slower than that under load would still fail it (exit 1).
+        // Hop's own locks (its subject's, the notifications') are not refused: see
         // PostgresLockTimeoutTests.
         try await demo.waitForOutput("parked at login", timeout: .seconds(60))
         let login = try await run("hopctl", ["session", "login", "alice", "--db", url], in: folder)

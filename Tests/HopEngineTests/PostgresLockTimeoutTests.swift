@@ -188,6 +188,61 @@ import Testing
         await store.close()
     }
 
+    /// A run's row locked by another transaction a little longer than the database's
+    /// `lock_timeout` of 100 ms (another of Hop's transactions of the run, slow to commit on a
+    /// loaded server): the engine's write of the run is refused by the timeout, tried again, and
+    /// commits once the row is let go. Before, it failed as busy after 100 ms, and the engine
+    /// stopped the run and resumed it from its history (a step whose end was refused ran again).
+    ///
+    /// The other session keeps the row until the write has waited for it, then 0.4 s more, all
+    /// on the server: the write is refused at least once (the server logs it) whatever the speed
+    /// of the test's process.
+    @Test(.enabled(if: PostgresProcessTests.available))
+    func aRowLockHeldBrieflyPastTheLockTimeoutIsWaitedOut() async throws {
+        let (server, url) = try await Self.serverWithALockTimeout()
+        let folder = try TemporaryDirectory()
+        let store = try await PostgresStore.open(url: url)
+        let owner = "A#0123456789abcdef"  // no liveness lock of this store: not waited for
+        let started = try await store.startRun(
+            flow: "startup", subject: "alice", version: "1", owner: owner, until: Date().addingTimeInterval(600),
+            durability: .now
+        ).run
+
+        let holder = try server.client(
+            running: """
+                BEGIN;
+                SELECT 1 FROM runs WHERE id = \(started.id) FOR UPDATE;
+                DO $$
+                BEGIN
+                    LOOP
+                        PERFORM pg_stat_clear_snapshot();
+                        EXIT WHEN EXISTS (
+                            SELECT 1 FROM pg_stat_activity
+                            WHERE application_name = 'hop' AND datname = current_database() AND wait_event_type = 'Lock');
+                        PERFORM pg_sleep(0.01);
+                    END LOOP;
+                    PERFORM pg_sleep(0.4);
+                END $$;
+                COMMIT
+                """, database: "timeouts", in: folder)
+        defer { holder.kill() }
+        try await waitUntil("the other session holds the run's row and waits for a write of Hop's") {
+            try await server.psql(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'psql' AND wait_event = 'PgSleep'",
+                database: "timeouts"
+            ).trimmingCharacters(in: .whitespacesAndNewlines) == "1"
+        }
+
+        let entries = try await store.record(
+            [.hop(step: "splash", from: nil, parks: false, wakeOn: nil, deadline: nil)], runID: started.id,
+            owner: owner, durability: .now)
+        #expect(entries.map(\.kind) == [.hop])
+        let log = try String(contentsOfFile: server.folder.path("server.log"), encoding: .utf8)
+        #expect(log.contains("canceling statement due to lock timeout"), "the write was never refused: \(log)")
+        #expect(try await store.history(runID: started.id).map(\.kind) == [.hop])
+        await store.close()
+    }
+
     /// A server of the test's own whose database `timeouts` has a `lock_timeout` of 100 ms, and
     /// the database's URL.
     static func serverWithALockTimeout() async throws -> (PostgresServer, String) {

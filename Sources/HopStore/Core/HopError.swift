@@ -25,7 +25,8 @@ public struct HopError: Error, Sendable, CustomStringConvertible {
         // MARK: The database
 
         /// Another connection holds the write lock longer than the busy timeout (on PostgreSQL,
-        /// another session a lock longer than the database's or role's `lock_timeout`).
+        /// another session a lock longer than the database's or role's `lock_timeout`, through
+        /// about a second of tries).
         public static let busy = Code("busy")
         /// The file is not a SQLite database, or it is damaged.
         public static let notADatabase = Code("notADatabase")
