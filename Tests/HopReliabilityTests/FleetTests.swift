@@ -3,20 +3,19 @@ import HopStore
 import HopTestSupport
 import Testing
 
-/// A fleet of engine processes on one PostgreSQL database, killed at random while runs arrive.
+/// A fleet of engine processes on one database (a PostgreSQL server's, or one file on one
+/// machine), killed at random while runs arrive.
 @Suite struct FleetTests {
-    /// Whether the PostgreSQL backend runs here (`TestBackend.all` said why when it does not).
-    static var available: Bool { TestBackend.all.contains { $0.name == "postgres" } }
-
     /// Three engines with different labels share 300 subjects' start-up flows, started over 20 s;
     /// every 0.5–1 s one engine is SIGKILLed and a new one started (for 20 s, and until 20 were killed). Leases are two minutes long and
     /// every run must be done within one minute of the last kill, so the runs of a killed engine
-    /// move on only because its liveness lock went with it.
-    @Test(.enabled(if: available))
-    func runsOfAFleetKilledAtRandomAllCompleteAndNoStepIsEnteredTwiceWithoutACrash() async throws {
+    /// move on only because its liveness (an advisory lock on the server, a lock on a file
+    /// beside the database) went with it.
+    @Test(arguments: TestBackend.all)
+    func runsOfAFleetKilledAtRandomAllCompleteAndNoStepIsEnteredTwiceWithoutACrash(backend: TestBackend) async throws {
         let folder = try TemporaryDirectory()
-        let url = try await TestBackend.postgres.location(folder)
-        let store = try await TestBackend.postgres.open(folder)
+        let url = try await backend.location(folder)
+        let store = try await backend.open(folder)
         var launched = 0
         func launch() throws -> ChildProcess {
             launched += 1
@@ -98,7 +97,7 @@ import Testing
             }
         }
 
-        // hopctl on the server agrees.
+        // hopctl on the database agrees.
         let status = try await run("hopctl", ["status", "--flow", "startup", "--json", "--db", url], in: folder)
         #expect(status.status == 0, "\(status.stderr)")
         let shown = try #require(
