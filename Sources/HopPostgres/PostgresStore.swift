@@ -253,26 +253,28 @@ public final class PostgresStore: Sendable {
     static let attempts = 5
 
     /// How long, from its first try, a statement or a transaction whose lock wait a database's
-    /// or role's `lock_timeout` cut short is tried again (with ``pause(before:)`` between tries).
+    /// or role's `lock_timeout` cut short is tried again (with ``pause(before:)`` between tries);
+    /// the first refusal is tried again whenever it comes.
     ///
     /// Hop's own transactions of one run lock its row (`FOR UPDATE`) and hold it until they
     /// commit: a wait of a commit's length, which a `lock_timeout` of 100 ms refuses on a loaded
     /// server, and an engine's write refused so stops its run, which resumes from its history (a
-    /// step whose end was refused runs again). Tried again, such a wait is waited out. A lock held longer (an
-    /// operator's `LOCK TABLE`, a `VACUUM FULL`) is still refused, as ``HopError/Code/busy``,
-    /// after about this long or the `lock_timeout`, whichever is longer: with a `lock_timeout`
-    /// of a second or more, the first refusal is the caller's.
+    /// step whose end was refused runs again). Tried again, such a wait is waited out. A lock
+    /// held longer (an operator's `LOCK TABLE`, a `VACUUM FULL`) is still refused, as
+    /// ``HopError/Code/busy``, after about this long or twice the `lock_timeout`, whichever is
+    /// longer. The first refusal is always tried again, so that a process too loaded to handle
+    /// it within this time (its own tasks waiting for a thread) still waits the lock out once.
     static let lockWaitBudget = Duration.seconds(1)
 
-    /// Whether try `attempt`, begun at `started` (the first try's start) and failed with `error`,
-    /// is tried again because `lock_timeout` refused it (``isLockTimeout(_:)``): within
-    /// ``lockWaitBudget`` of the first try, after ``pause(before:)``.
+    /// Whether try `attempt` (the first is 1), failed with `error`, is tried again because
+    /// `lock_timeout` refused it (``isLockTimeout(_:)``): the first try, or any within
+    /// ``lockWaitBudget`` of `started` (the first try's start), after ``pause(before:)``.
     static func triesAgain(
         afterLockTimeout error: any Error, since started: ContinuousClock.Instant, attempt: Int
-    )
-        async -> Bool
-    {
-        guard isLockTimeout(error), ContinuousClock.now - started < lockWaitBudget else { return false }
+    ) async -> Bool {
+        guard isLockTimeout(error), attempt == 1 || ContinuousClock.now - started < lockWaitBudget else {
+            return false
+        }
         return await pause(before: attempt + 1)
     }
 

@@ -157,11 +157,15 @@ import Glibc
         try await server.psql(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = 'locked' AND application_name = 'hop'"
         )
-        try await waitUntil("the demo says it waits for the database", timeout: .seconds(60)) {
-            if demo.exitStatus != nil { throw TestFailure("the demo exited: \(demo.stdout)\(demo.stderr)") }
-            messages += socket.receive()
-            return messages.last?.hasPrefix("STATUS=waiting for the database") == true
-                && demo.stdout.contains("the database fails")
+        do {
+            try await waitUntil("the demo says it waits for the database", timeout: .seconds(60)) {
+                if demo.exitStatus != nil { throw TestFailure("the demo exited: \(demo.stdout)\(demo.stderr)") }
+                messages += socket.receive()
+                return messages.last?.hasPrefix("STATUS=waiting for the database") == true
+                    && demo.stdout.contains("the database fails")
+            }
+        } catch {
+            throw TestFailure("\(error)\nstatus: \(messages)\ndemo: \(demo.stdout)\(demo.stderr)")
         }
         // Its looks at its run (one every 0.1 s) fail too: it stays up through them.
         let failing = ContinuousClock.now

@@ -26,7 +26,7 @@ public struct HopError: Error, Sendable, CustomStringConvertible {
 
         /// Another connection holds the write lock longer than the busy timeout (on PostgreSQL,
         /// another session a lock longer than the database's or role's `lock_timeout`, through
-        /// about a second of tries).
+        /// its tries: about a second, or twice the `lock_timeout`).
         public static let busy = Code("busy")
         /// The file is not a SQLite database, or it is damaged.
         public static let notADatabase = Code("notADatabase")
