@@ -66,16 +66,20 @@ struct DemoService: Service {
             parkedStep = step
             try await parked(on: step)
         }
-        // The run may be changed by other processes, which send this one no event.
+        // The run may be changed by other processes, which send this one no event. One tick
+        // waits at a time: a look slower than the ticks (a database that makes each one wait,
+        // then fails it) must not queue more, or what the engine says would wait behind them.
+        let tickWaits = Atomic<Bool>(false)
         let ticker = Task { [ticks] in
             while !Task.isCancelled {
                 try await Task.sleep(for: .milliseconds(100))
-                ticks.yield(.tick)
+                if !tickWaits.exchange(true, ordering: .relaxed) { ticks.yield(.tick) }
             }
         }
         defer { ticker.cancel() }
 
         for await event in events {
+            if case .tick = event { tickWaits.store(false, ordering: .relaxed) }
             do {
                 switch event {
                 case .engine(.databaseFailing(let error)):
