@@ -169,7 +169,7 @@ public final class PostgresStore: Sendable {
 
     /// Runs `body` in one transaction (`BEGIN` … `COMMIT`, rolled back when it throws), again
     /// from the start when the server broke a deadlock by aborting it, when a lock wait was cut
-    /// short by `lock_timeout` within the first ``lockWaitBudget`` (``isLockTimeout(_:)``), or
+    /// short by `lock_timeout` (``triesAgain(afterLockTimeout:since:attempt:)``), or
     /// when the connection was lost before `COMMIT` was sent (``isConnectionLost(_:)``: nothing
     /// of it was committed). A connection lost while committing is an error: whether the commit
     /// took is unknown.
@@ -228,7 +228,7 @@ public final class PostgresStore: Sendable {
 
     /// Runs `statement`, one statement outside a transaction, again when the server broke a
     /// deadlock by aborting it (``isRetryable(_:)``), when `lock_timeout` cut its lock wait
-    /// short within the first ``lockWaitBudget`` (``isLockTimeout(_:)``), or when its connection
+    /// short (``triesAgain(afterLockTimeout:since:attempt:)``), or when its connection
     /// was lost before it was answered (``isConnectionLost(_:)``: on another connection of the
     /// pool, or on the same one taken again); its last error as a ``HopError`` naming `operation`.
     func retried<T>(_ operation: String, _ statement: () async throws -> T) async throws -> T {

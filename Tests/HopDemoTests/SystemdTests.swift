@@ -194,8 +194,8 @@ import Glibc
             "hopctl", ["unhop", "--flow", "startup", "--step", "onboarding", "--db", url], in: folder)
         #expect(unhop.status == 0, "\(unhop.stderr)")
         // Parked at login first: a login while the demo writes its run waits for the run's row,
-        // which the `lock_timeout` of 100 ms one of these tests sets refuses; tried again for
-        // about a second, a commit slower than that under load would still fail it (exit 1).
+        // which the `lock_timeout` of 100 ms one of these tests sets refuses; tried again (once,
+        // and for about a second), a commit slower than that under load would still fail it (exit 1).
         // Hop's own locks (its subject's, the notifications') are not refused: see
         // PostgresLockTimeoutTests.
         try await demo.waitForOutput("parked at login", timeout: .seconds(60))
