@@ -66,15 +66,7 @@ package final class AdvisoryLock: Sendable {
                 let connection = try await PostgresConnection.connect(
                     configuration: try url.connectionConfiguration(), id: 1, logger: PostgresStore.quiet)
                 do {
-                    // Waited for whatever the database's or role's `lock_timeout`: only a session
-                    // of this incarnation's that the server has not ended yet (a connection that
-                    // went without a word) holds it, and it goes with that session. The timeout
-                    // refused the wait, and each try again said the lock could not be taken.
-                    // It applies again afterwards, to the renewals on this connection.
-                    _ = try await connection.rows(of: "SET lock_timeout = 0")
-                    // Watched: a statement written as the server ends the connection is never answered.
-                    _ = try await connection.rows(of: PostgresValue.query("SELECT pg_advisory_lock($1)", [.int(key)]))
-                    _ = try await connection.rows(of: "RESET lock_timeout")
+                    try await take(key: key, on: connection, logger: logger)
                 } catch {
                     try? await connection.close()
                     throw error
@@ -106,6 +98,52 @@ package final class AdvisoryLock: Sendable {
                 try? await Task.sleep(for: .milliseconds(min(5000, 100 << min(failures.failures, 6))))
             }
         }
+    }
+
+    /// Takes the lock on `connection`, whatever the database's or role's `lock_timeout` (which
+    /// applies again afterwards, to the renewals on this connection).
+    ///
+    /// Only a session of this incarnation's own can hold the key already: the one of a connection
+    /// that went without the server noticing (a NAT or a firewall forgot it, the engine's end gave
+    /// up on it). The server keeps that session, and the lock, until its TCP keep-alive gives up
+    /// (hours by default): meanwhile the engine could claim no run and renew no lease. It is ended
+    /// first (`pg_terminate_backend`, which a role may do to its own sessions) and the lock taken
+    /// once it is gone. A role that may not end it (the old session is another role's, say after
+    /// the URL's user changed) waits for the server to end it, and the log says so.
+    private static func take(key: Int64, on connection: PostgresConnection, logger: Logger) async throws {
+        // Watched: a statement written as the server ends the connection is never answered.
+        let free = try await connection.rows(of: PostgresValue.query("SELECT pg_try_advisory_lock($1)", [.int(key)]))
+        if try free.first?.decode(Bool.self) == true { return }
+        let metadata: Logger.Metadata = ["hop.lock": "\(key)"]
+        do {
+            let ended = try await connection.rows(
+                of: PostgresValue.query(
+                    // Materialized: the server may not end any session before it is found to hold the key.
+                    """
+                    WITH holders AS MATERIALIZED (
+                        SELECT l.pid FROM pg_locks l
+                        WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted AND l.pid <> pg_backend_pid()
+                            AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+                            AND l.classid::bigint = ($1::bigint >> 32) & 4294967295
+                            AND l.objid::bigint = $1::bigint & 4294967295
+                    )
+                    SELECT pid FROM holders WHERE pg_terminate_backend(pid)
+                    """, [.int(key)])
+            ).map { try $0.decode(Int32.self) }
+            if !ended.isEmpty {
+                logger.warning(
+                    "ended this engine's earlier session on the server (pid \(ended.map(String.init).joined(separator: ", "))), which still held its liveness lock: its connection went without the server noticing",
+                    metadata: metadata)
+            }
+        } catch let error as PSQLError where error.serverInfo != nil {
+            logger.warning(
+                "cannot end the session on the server that still holds this engine's liveness lock (\(error.serverInfo?[.message] ?? "refused")); waiting until the server ends it (its TCP keep-alive gives up, hours by default unless tcp_keepalives_idle is set): meanwhile this engine claims no run and renews no lease",
+                metadata: metadata)
+        }
+        // Waits for the old session to go: the wait's refusal by `lock_timeout` would only be tried again.
+        _ = try await connection.rows(of: "SET lock_timeout = 0")
+        _ = try await connection.rows(of: PostgresValue.query("SELECT pg_advisory_lock($1)", [.int(key)]))
+        _ = try await connection.rows(of: "RESET lock_timeout")
     }
 }
 

@@ -98,17 +98,16 @@ import Testing
     }
 
     /// A claim waits for its owner's liveness lock while the lock is taken again, which waits
-    /// as long as another session holds it (as the server's old session of the engine does
-    /// until it notices the engine's connection is gone). Cancelled (the engine stops), the
-    /// claim ends at once, whether cancelled before it began to wait or while it waited.
-    /// Before, it waited for the lock: an engine whose watch was in such a claim as it stopped
-    /// did not stop.
+    /// as long as another session the engine may not end holds it (a superuser's). Cancelled
+    /// (the engine stops), the claim ends at once, whether cancelled before it began to wait or
+    /// while it waited. Before, it waited for the lock: an engine whose watch was in such a
+    /// claim as it stopped did not stop.
     @Test(.enabled(if: PostgresProcessTests.available))
     func aClaimWaitingForItsLivenessLockEndsWhenCancelled() async throws {
-        let folder = try TemporaryDirectory()
-        let url = try await TestBackend.postgres.location(folder)
+        let (server, url) = try await PostgresServer.ofItsOwn(database: "claims")
+        let engineURL = try await server.createRole("engine", owning: "claims")
         let logs = InMemoryLogHandler.keepingEverything()
-        let store = try await PostgresStore.open(url: url, logger: logs.logger(label: "hop.store"))
+        let store = try await PostgresStore.open(url: engineURL, logger: logs.logger(label: "hop.store"))
         let incarnation = store.makeIncarnation(label: "A")
         let owner = incarnation.id
         let key = try #require(AdvisoryLock.key(ofOwner: owner))
@@ -184,6 +183,60 @@ import Testing
         try await holder.close()
         #expect(try await store.claim(runID: 1, owner: owner, until: until) == nil)
         _ = incarnation
+        await store.close()
+    }
+
+    /// The connection holding an engine's liveness lock went without the server noticing (a
+    /// NAT or a firewall forgot it, the engine's end gave up on it): the server keeps the old
+    /// session, and the lock, until its TCP keep-alive gives up, hours by default. Stood in for
+    /// by a session of the engine's role that waits for the key and gets it as the engine's
+    /// session is ended. The engine ends that session, takes its lock again at once and says
+    /// so; a claim, which waits for the lock, goes through. Before, it waited for the old
+    /// session to go, claiming no run and renewing no lease.
+    @Test(.enabled(if: PostgresProcessTests.available))
+    func anOldSessionStillHoldingTheEnginesLivenessLockIsEnded() async throws {
+        let (server, url) = try await PostgresServer.ofItsOwn(database: "forgotten")
+        let folder = try TemporaryDirectory()
+        let logs = InMemoryLogHandler.keepingEverything()
+        let store = try await PostgresStore.open(url: url, logger: logs.logger(label: "hop.store"))
+        let incarnation = store.makeIncarnation(label: "A")
+        let key = try #require(AdvisoryLock.key(ofOwner: incarnation.id))
+        let until = Date().addingTimeInterval(60)
+        #expect(try await store.claim(runID: 1, owner: incarnation.id, until: until) == nil)
+        func holders() async throws -> [PostgresProcessTests.LockHolder] {
+            try await PostgresProcessTests.livenessLockHolders(on: server, "forgotten")
+        }
+        let engines = try await holders()
+        try #require(engines.count == 1 && engines[0].application == "hop", "\(engines)")
+
+        let old = try server.client(running: "SELECT pg_advisory_lock(\(key))", database: "forgotten", in: folder)
+        defer { old.kill() }
+        try await waitUntil("the old session waits for the key", timeout: .seconds(30)) {
+            try await server.psql(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'psql' AND wait_event = 'advisory'",
+                database: "forgotten"
+            ).trimmingCharacters(in: .whitespacesAndNewlines) == "1"
+        }
+        _ = try await server.psql("SELECT pg_terminate_backend(\(engines[0].pid))", database: "forgotten")
+        try await waitUntil("the engine holds its liveness lock again", timeout: .seconds(30)) {
+            let now = try await holders()
+            return now.count == 1 && now[0].application == "hop" && now[0] != engines[0]
+        }
+        let said = logs.texts(atLeast: .debug)
+        #expect(
+            said.contains { $0.contains("ended this engine's earlier session on the server (pid ") }, "\(said)")
+        #expect(try await store.claim(runID: 1, owner: incarnation.id, until: until) == nil)
+        // The old session is gone, not only its lock (psql learns so at its next statement).
+        try await waitUntil("the old session is gone", timeout: .seconds(30)) {
+            try await server.psql(
+                """
+                SELECT count(*) FROM pg_stat_activity
+                WHERE application_name = 'psql' AND datname = 'forgotten' AND pid <> pg_backend_pid()
+                """,
+                database: "forgotten"
+            ).trimmingCharacters(in: .whitespacesAndNewlines) == "0"
+        }
+        withExtendedLifetime(incarnation) {}
         await store.close()
     }
 }

@@ -103,13 +103,15 @@ import Testing
 
     /// An engine's liveness lock, taken again on a new connection after its connection went,
     /// while another session holds its key for longer than the database's `lock_timeout` of
-    /// 100 ms (in production, the engine's own old session, which the server ends only once it
-    /// notices its connection went): the take waits, and the engine holds its lock again as soon
-    /// as the key is let go, without a word. Before, the take was refused after 100 ms and tried
+    /// 100 ms, a session the engine may not end (a superuser's; in production, the engine's own
+    /// old session, which the server ends only once it notices its connection went, is ended by
+    /// the engine: `PostgresConnectionLossTests`): the take waits, and the engine holds its lock
+    /// again as soon as the key is let go. Before, the take was refused after 100 ms and tried
     /// again with a growing pause, and the engine said it could not take its liveness lock again.
     @Test(.enabled(if: PostgresProcessTests.available))
     func theLivenessLockTakenAgainIsWaitedForWhateverTheLockTimeout() async throws {
-        let (server, url) = try await Self.serverWithALockTimeout()
+        let (server, _) = try await Self.serverWithALockTimeout()
+        let url = try await server.createRole("engine", owning: "timeouts")
         let folder = try TemporaryDirectory()
         let logs = InMemoryLogHandler.keepingEverything()
         let store = try await PostgresStore.open(url: url, logger: logs.logger(label: "store"))
@@ -144,6 +146,11 @@ import Testing
         }
         let said = logs.texts(atLeast: .debug)
         #expect(!said.contains { $0.contains("cannot take this engine's liveness lock again") }, "\(said)")
+        #expect(
+            said.contains {
+                $0.contains("cannot end the session on the server that still holds this engine's liveness lock")
+            },
+            "\(said)")
         withExtendedLifetime(incarnation) {}
         await store.close()
     }

@@ -17,9 +17,10 @@ public final class PostgresServer: Sendable {
     public let folder: TemporaryDirectory
     /// The folder of the server's Unix socket: psql's and a client's `host`.
     public var socketDirectory: String { folder.path("") }
-    /// The URL of database `name` on this server, for a client (`postgres://postgres@/NAME?host=FOLDER`).
-    public func url(database name: String) -> String {
-        "postgres://\(user)@/\(name)?host=\(socketDirectory.hasSuffix("/") ? String(socketDirectory.dropLast()) : socketDirectory)"
+    /// The URL of database `name` on this server, for a client (`postgres://postgres@/NAME?host=FOLDER`),
+    /// as `role` if one is given (``createRole(_:owning:)``), as the superuser otherwise.
+    public func url(database name: String, role: String? = nil) -> String {
+        "postgres://\(role ?? user)@/\(name)?host=\(socketDirectory.hasSuffix("/") ? String(socketDirectory.dropLast()) : socketDirectory)"
     }
 
     /// The pid of the server's postmaster, once started.
@@ -206,6 +207,14 @@ public final class PostgresServer: Sendable {
     /// Creates database `name`, empty.
     public func createDatabase(_ name: String) async throws {
         try await psql("CREATE DATABASE \"\(name)\"")
+    }
+
+    /// Creates `role`, no superuser, which may connect over the socket without a password, and
+    /// gives it database `database` (where it may then create Hop's tables); returns the
+    /// database's URL as `role`. A superuser's sessions are out of its reach: it may not end them.
+    public func createRole(_ role: String, owning database: String) async throws -> String {
+        try await psql("CREATE ROLE \"\(role)\" LOGIN NOSUPERUSER; ALTER DATABASE \"\(database)\" OWNER TO \"\(role)\"")
+        return url(database: database, role: role)
     }
 
     /// Runs one of the server's programs (as the postgres user when root) on a thread of its own;
