@@ -147,6 +147,9 @@ struct DemoService: Service {
         }
         // Shut down: the run as stored if it can be read (not on PostgreSQL, whose client refuses a
         // query of this cancelled task), else where this service last saw it.
+        if let failure = outcome.engineFailure.withLock({ $0 }) {
+            return narrator.say("stopping: the engine stopped (\(failure.code)); the error says why")
+        }
         let record = try? await store.run(id: run.id)
         if record?.status.isUnfinished ?? true {
             let step = record.map(\.currentStep) ?? (parkedStep ?? lastHop)
@@ -207,4 +210,22 @@ struct DemoService: Service {
 /// How the demo's run ended, for the exit status.
 final class Outcome: Sendable {
     let status = Mutex<RunStatus?>(nil)
+    /// Why the engine stopped by itself, if it did (its database file was replaced, say).
+    let engineFailure = Mutex<HopError?>(nil)
+}
+
+/// The engine as a service of the group, noting why it stopped by itself in ``Outcome``: the
+/// demo then does not say where the run stays, which it cannot know.
+struct EngineService: Service {
+    let engine: HopEngine
+    let outcome: Outcome
+
+    func run() async throws {
+        do {
+            try await engine.run()
+        } catch let error as HopError {
+            outcome.engineFailure.withLock { $0 = error }
+            throw error
+        }
+    }
 }

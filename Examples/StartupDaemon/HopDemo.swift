@@ -117,7 +117,9 @@ struct HopDemo: AsyncParsableCommand {
             configuration: ServiceGroupConfiguration(
                 // Shut down in reverse order: the demo, the engine, then the metrics server.
                 services: (metrics.map { [ServiceGroupConfiguration.ServiceConfiguration(service: $0)] } ?? []) + [
-                    .init(service: AfterListening(service: engine, listening: engineMayRun)),
+                    .init(
+                        service: AfterListening(
+                            service: EngineService(engine: engine, outcome: outcome), listening: engineMayRun)),
                     .init(
                         service: AfterListening(service: demo, listening: demoMayRun),
                         successTerminationBehavior: .gracefullyShutdownGroup),

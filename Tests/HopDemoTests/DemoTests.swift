@@ -103,6 +103,41 @@ import Testing
     }
 }
 
+/// An operator restores a backup (`hopctl backup`, then the copy put in the database's place, as
+/// the README says) without stopping the daemon first. The daemon still has the file it opened,
+/// which no other process sees any more: before, it went on there (SQLite says nothing in WAL
+/// mode), and what it and `hopctl` did from then on went to two different files. It stops within
+/// a poll, exits 1 saying why and what to do, and started again resumes from the backup.
+@Suite struct DemoDatabaseReplacedTests {
+    @Test func aBackupPutInPlaceUnderARunningDaemonStopsItAndItResumesFromTheBackup() async throws {
+        let folder = try TemporaryDirectory()
+        let demo = try ChildProcess("hop-demo", ["--db", folder.database], directory: folder)
+        defer { demo.kill() }
+        try await demo.waitForOutput("parked at onboarding")
+        let copy = folder.path("backup.sqlite")
+        let backup = try await run("hopctl", ["backup", copy, "--db", folder.database], in: folder)
+        #expect(backup.status == 0, "\(backup.stderr)")
+        #expect(
+            try await run(
+                "hopctl", ["unhop", "--flow", "startup", "--step", "onboarding", "--db", folder.database], in: folder
+            ).status == 0)
+        try await demo.waitForOutput("parked at login")
+
+        for suffix in ["-wal", "-shm"] { unlink(folder.database + suffix) }
+        #expect(rename(copy, folder.database) == 0)
+        let status = try await demo.waitForExit(timeout: .seconds(30))
+        #expect(status == 1, "\(demo.stdout)\(demo.stderr)")
+        let said = demo.stdout + demo.stderr
+        #expect(said.contains("the database file was removed or replaced while this process had it open"), "\(said)")
+        #expect(said.contains("Start the process again"), "\(said)")
+
+        let again = try ChildProcess("hop-demo", ["--db", folder.database], directory: folder)
+        defer { again.kill() }
+        try await again.waitForOutput("resuming run 1 of startup for default at onboarding")
+        try await again.waitForOutput("parked at onboarding")
+    }
+}
+
 /// hop-demo follows its run whatever another process does to it, and its exit status says how it ended.
 @Suite struct DemoFollowsItsRunTests {
     @Test func aRunCancelledByHopctlIsReportedAndTheDemoExitsZero() async throws {

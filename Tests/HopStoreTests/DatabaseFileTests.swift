@@ -70,6 +70,50 @@ import Testing
         #expect(result.stderr.contains("belongs to \(owner)"), "\(result.stderr)")
     }
 
+    /// An operator puts a backup in the database's place (as the README's restore says, but
+    /// without stopping the process that has it open), or removes the file. SQLite, in WAL mode,
+    /// goes on reading and committing to the file it opened, which no other process sees any
+    /// more: a write it accepted would be lost. The store commits nothing more: each write is
+    /// refused `.replaced`, naming the path and saying to start the process again, and so is a
+    /// look for changes (an engine's watch, which then stops the engine). The file now at the
+    /// path is as it was put there.
+    @Test(arguments: ["replaced", "removed"])
+    func aDatabaseFileReplacedOrRemovedWhileOpenIsWrittenToNoMore(_ how: String) async throws {
+        let folder = try TemporaryDirectory()
+        let store = try await HopStore.open(path: folder.database)
+        try await store.markUsed(subject: "kiosk-7", feature: "onboarding")
+        let copy = folder.path("copy.sqlite")
+        _ = try await store.backup(to: copy)
+        try await store.markUsed(subject: "kiosk-7", feature: "tour")  // after the backup: lost with the old file
+        for suffix in ["-wal", "-shm"] { unlink(folder.database + suffix) }
+        if how == "replaced" {
+            #expect(rename(copy, folder.database) == 0)
+        } else {
+            #expect(unlink(folder.database) == 0)
+        }
+
+        for write in [
+            { try await store.markUsed(subject: "kiosk-7", feature: "login") },
+            { try await store.storeSession(subject: "kiosk-7", userID: "alice", token: "plain-text-token") },
+        ] as [@Sendable () async throws -> Void] {
+            let error = await #expect(throws: HopError.self) { try await write() }
+            #expect(error?.code == .replaced, "\(String(describing: error))")
+            #expect(error?.path == folder.database)
+            #expect(error?.description.contains("Start the process again") == true, "\(String(describing: error))")
+            #expect(error?.description.contains("plain-text-token") == false)
+        }
+        let looked = await #expect(throws: HopError.self) { try await store.changeVersion() }
+        #expect(looked?.code == .replaced)
+
+        if how == "replaced" {
+            let now = try await HopStore.open(path: folder.database)
+            #expect(try await now.firstUseFlags(subject: "kiosk-7").map(\.feature) == ["onboarding"])
+            #expect(try await now.session(subject: "kiosk-7") == nil)
+        } else {
+            #expect(!FileManager.default.fileExists(atPath: folder.database))
+        }
+    }
+
     /// The folder's files, but for the captured output of the processes the test ran.
     private static func files(in folder: TemporaryDirectory) throws -> [String] {
         try FileManager.default.contentsOfDirectory(atPath: folder.url.path).filter {

@@ -20,7 +20,12 @@ extension HopEngine: Service {
     /// they all stay resumable.
     ///
     /// A failure of the database while it watches is logged and the next poll tries again; a
-    /// run whose execution the failure stopped is resumed at that poll. At start-up (the first
+    /// run whose execution the failure stopped is resumed at that poll. One failure ends the
+    /// engine instead: the database file removed, or another put in its place, while the engine
+    /// had it open (`.replaced`; an operator restoring a backup without stopping the daemon).
+    /// What it wrote from then on would go to a file no other process sees: it writes nothing
+    /// more (every commit checks), stops its runs and throws the error within a poll, so that
+    /// the process exits and, started again, opens the file now at the path. At start-up (the first
     /// look for expired sessions and runs to resume), a failure that may pass (a busy lock, an
     /// I/O error, a lost connection to PostgreSQL) is logged and tried again, after 0.1 s, then
     /// twice as long each time up to 5 s, until it succeeds or the engine is shut down; one
@@ -52,16 +57,34 @@ extension HopEngine: Service {
                 "hop.flows":
                     "\(environment.flowVersions.sorted { $0.key < $1.key }.map { "\($0.key)@\($0.value.joined(separator: "+"))" }.joined(separator: ","))",
             ])
-        await cancelWhenGracefulShutdown {
-            await withTaskGroup(of: Void.self) { group in
+        let ended = await cancelWhenGracefulShutdown {
+            await withTaskGroup(of: HopError?.self) { group -> HopError? in
                 if let retention {
-                    group.addTask { await self.retain(retention) }
+                    group.addTask {
+                        await self.retain(retention)
+                        return nil
+                    }
                 }
                 group.addTask { await self.watch(health) }
-                group.addTask { await self.renewLeases() }
+                group.addTask {
+                    await self.renewLeases()
+                    return nil
+                }
+                // Only the watch ends by itself, and only when the engine cannot go on.
+                for await case let error? in group {
+                    group.cancelAll()
+                    return error
+                }
+                return nil
             }
         }
         await stopExecuting()
+        if let ended {
+            logger.critical(
+                "engine stopped: its database cannot be used any more; start the process again",
+                metadata: ["hop.error": "\(ended)"])
+            throw ended
+        }
         do {
             try await storage.makeDurable()
         } catch {
@@ -108,8 +131,10 @@ extension HopEngine: Service {
         still: "the leases still cannot be renewed",
         over: "the leases of the runs this engine executes are renewed again")
 
-    /// `health`: what the observer was last told of the database.
-    private func watch(_ health: DatabaseHealth) async {
+    /// `health`: what the observer was last told of the database. Returns the error that ends
+    /// the engine: the database file was removed or replaced (`.replaced`), and whatever the
+    /// engine wrote from then on would be lost to every other process. `nil` once cancelled.
+    private func watch(_ health: DatabaseHealth) async -> HopError? {
         var health = health
         var seen = (try? await storage.changeVersion()) ?? 0
         // As often as leases are renewed, the watch looks for runs taken over from this engine
@@ -137,9 +162,11 @@ extension HopEngine: Service {
                 failures.logSuccess(to: logger, Self.watchLines)
                 health.answered(environment)
             } catch is CancellationError {
-                return
+                return nil
             } catch  where Task.isCancelled {
-                return  // a call the engine's stop cancelled (PostgreSQL's client says so its own way)
+                return nil  // a call the engine's stop cancelled (PostgreSQL's client says so its own way)
+            } catch let error as HopError where error.code == .replaced {
+                return error
             } catch {
                 failures.log(error, to: logger, Self.watchLines)
                 health.failed(error, environment)
@@ -148,6 +175,7 @@ extension HopEngine: Service {
                 lastLook = .now - lookEvery
             }
         }
+        return nil
     }
 
     /// Renews the leases of the runs this engine executes, three times per lease, until

@@ -36,6 +36,11 @@ public struct HopError: Error, Sendable, CustomStringConvertible {
         public static let missing = Code("missing")
         /// The disk or the file system refused the write (full, read-only, I/O error).
         public static let ioFailure = Code("ioFailure")
+        /// The database file was removed, or another file put in its place (a backup restored),
+        /// while this process had it open: it still reads and writes the file it opened, which
+        /// nobody else sees any more, so it writes nothing more. Start the process again: it
+        /// opens the file now at the path.
+        public static let replaced = Code("replaced")
         /// The database was created or upgraded by a newer Hop.
         public static let schemaTooNew = Code("schemaTooNew")
         /// The database's schema is older than this binary's and was opened without migrating.
@@ -109,7 +114,7 @@ public struct HopError: Error, Sendable, CustomStringConvertible {
     /// whether the same call may succeed later without anyone acting.
     public var isDatabaseFailure: Bool {
         switch code {
-        case .busy, .notADatabase, .cannotOpen, .missing, .ioFailure, .schemaTooNew, .schemaOutdated,
+        case .busy, .notADatabase, .cannotOpen, .missing, .ioFailure, .replaced, .schemaTooNew, .schemaOutdated,
             .migrationEdited, .sqlite, .postgres:
             true
         default: false

@@ -186,12 +186,38 @@ final class Connection {
         let result: T
         do {
             result = try body()
-            try run("COMMIT", [], operation: operation)
+            try commit(operation)
         } catch {
             rollback()
             throw error
         }
         return result
+    }
+
+    /// Commits the open transaction, unless the database file was removed or replaced since
+    /// this connection opened it (``checkInPlace(operation:)``): SQLite would commit, in WAL
+    /// mode, to the file it has open, which no other process sees any more.
+    func commit(_ operation: String) throws {
+        try checkInPlace(operation: operation)
+        try run("COMMIT", [], operation: operation)
+    }
+
+    /// Throws `.replaced` when the file at ``path`` is no longer the one this connection opened:
+    /// removed, or another put in its place (an operator restoring a backup while the process
+    /// runs). SQLite goes on reading and writing the file it opened, without a word. One
+    /// `stat` of the path (`SQLITE_FCNTL_HAS_MOVED`); a file system that cannot tell passes.
+    func checkInPlace(operation: String) throws {
+        var moved: Int32 = 0
+        guard sqlite3_file_control(handle, "main", SQLITE_FCNTL_HAS_MOVED, &moved) == SQLITE_OK, moved != 0 else {
+            return
+        }
+        throw HopError(
+            .replaced, operation: operation, path: path,
+            reason:
+                "the database file was removed or replaced while this process had it open: what it writes would be lost, so it writes nothing more",
+            hint:
+                "Start the process again: it opens the file now at the path. To restore a backup, stop the daemons first"
+        )
     }
 
     /// Rolls back the open transaction, if any.

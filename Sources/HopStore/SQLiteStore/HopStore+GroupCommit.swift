@@ -221,7 +221,7 @@ extension HopStore {
                     .ioFailure, operation: operation, path: path,
                     reason: "SQLite rolled the transaction back after an earlier error")
             }
-            try connection.run("COMMIT", [], operation: operation)
+            try connection.commit(operation)
         } catch {
             loseOpen(after: error)
             return error

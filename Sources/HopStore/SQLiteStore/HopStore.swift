@@ -180,7 +180,10 @@ extension HopStore: HopStorage {
 
     /// A number that changes whenever another connection commits to the database
     /// (`PRAGMA data_version`): a cheap way to notice changes made by other processes.
+    /// Throws `.replaced` once the file at the path is not the one the store opened (removed,
+    /// or a backup put in its place): the changes of other processes go to that one.
     package func changeVersion() throws -> Int64 {
-        try connection.queryOne("PRAGMA data_version", [], operation: "read data version") { $0.int64(0) } ?? 0
+        try connection.checkInPlace(operation: "look for changes")
+        return try connection.queryOne("PRAGMA data_version", [], operation: "read data version") { $0.int64(0) } ?? 0
     }
 }

@@ -41,7 +41,9 @@ package protocol HopStorage: Sendable {
 
     /// A new engine incarnation labelled `label`, with the proof of liveness this storage supports.
     func makeIncarnation(label: String) -> Incarnation
-    /// A value that changes whenever another process commits to the database.
+    /// A value that changes whenever another process commits to the database. Throws
+    /// `.replaced` once the database this storage has open is no longer the one other
+    /// processes open (a file removed, or another put in its place): the engine then stops.
     func changeVersion() async throws -> Int64
 
     // MARK: Durability
