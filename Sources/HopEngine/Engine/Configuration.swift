@@ -13,6 +13,13 @@ extension HopEngine {
         /// period; when its process dies, another engine takes its runs over once they expire.
         /// At least ``shortestLeaseDuration``: a shorter one is taken as that, with a warning.
         public var leaseDuration: Duration = .seconds(10)
+        /// How often the engine looks for engines whose process is gone (their liveness lock is
+        /// free), to take their runs over without waiting for the leases to expire; besides, it
+        /// looks when it starts and whenever a run it claims is held. Each look reads the owners
+        /// of the running runs (on PostgreSQL, and the server's locks): at every poll, a fleet
+        /// of N engines made N² such reads 20 times a second. Of N engines, the first to look
+        /// takes the runs over: a second at most, and the more engines the sooner.
+        public var deadEngineCheckInterval: Duration = .seconds(1)
         /// Called with each ``EngineEvent``.
         public var observer: (@Sendable (EngineEvent) -> Void)?
         /// Where metrics go; the process's `MetricsSystem` when `nil`.
@@ -44,8 +51,9 @@ extension HopEngine {
             pollInterval: Duration = .milliseconds(50), leaseDuration: Duration = .seconds(10),
             observer: (@Sendable (EngineEvent) -> Void)? = nil, metricsFactory: (any MetricsFactory)? = nil,
             engineID: String? = nil, maxConcurrentRuns: Int = 10_000, retention: Retention? = nil,
-            tracer: (any Tracer)? = nil
+            tracer: (any Tracer)? = nil, deadEngineCheckInterval: Duration = .seconds(1)
         ) {
+            self.deadEngineCheckInterval = deadEngineCheckInterval
             self.tracer = tracer
             self.retention = retention
             self.maxConcurrentRuns = maxConcurrentRuns

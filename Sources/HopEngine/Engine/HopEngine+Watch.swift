@@ -11,8 +11,9 @@ extension HopEngine: Service {
     /// another process changed the database (`PRAGMA data_version`), executes the runs that
     /// change woke (an unhop, a login, a re-route, a restart) and stops the runs it cancelled.
     /// It renews the leases of the runs it executes three times per ``Configuration/leaseDuration``,
-    /// takes over at once the runs of engines whose process is gone (their liveness lock is free),
-    /// and the runs of any other engine once their lease expired. A run it finds taken over by
+    /// takes over the runs of engines whose process is gone (their liveness lock is free) within
+    /// ``Configuration/deadEngineCheckInterval``, and the runs of any other engine once their
+    /// lease expired. A run it finds taken over by
     /// another engine (this one was stalled past its lease) stops here without another write.
     ///
     /// On shutdown (``stopExecuting()``), the steps in flight are cancelled and no other run
@@ -141,6 +142,8 @@ extension HopEngine: Service {
         // and for runs whose lease expired, whether or not the database changed.
         let lookEvery = configuration.leaseDuration / 3
         var lastLook = ContinuousClock.now
+        // The start-up has just looked for engines that are gone (`resumeAll`).
+        var lastDeadCheck = ContinuousClock.now
         var failures = RepeatedFailures()
         while !Task.isCancelled {
             do {
@@ -150,7 +153,11 @@ extension HopEngine: Service {
                 let version = try await storage.changeVersion()
                 let look = ContinuousClock.now - lastLook >= lookEvery
                 if look { lastLook = ContinuousClock.now }
-                let released = try await environment.releaseRunsOfDeadEngines()
+                var released = 0
+                if ContinuousClock.now - lastDeadCheck >= configuration.deadEngineCheckInterval {
+                    lastDeadCheck = .now
+                    released = try await environment.releaseRunsOfDeadEngines()
+                }
                 // Cleared by the look itself (resumeClaimable), so that a look skipped because
                 // another is under way is not lost.
                 let letGo = environment.holdings.withLock { $0.letGoAfterAFailure }
