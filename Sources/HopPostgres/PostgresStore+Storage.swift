@@ -34,6 +34,14 @@ extension PostgresStore: HopStorage {
 
     package func changeVersion() async throws -> Int64 { changes.current }
 
+    package func checkSchema() async throws {
+        let newest = try await readOne(
+            "SELECT version::bigint, name FROM hop_migrations ORDER BY version DESC LIMIT 1", [],
+            operation: "check the schema"
+        ) { (version: Int(try $0.int64(0)), name: try $0.text(1)) }
+        try StorageRules(location: location).checkNotUpgraded(newest: newest, opened: schemaVersion)
+    }
+
     // MARK: Durability
 
     /// Flow bodies run on the cooperative pool: the store's work is network I/O on NIO's event loops.

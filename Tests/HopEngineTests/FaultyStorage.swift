@@ -84,6 +84,11 @@ final class FaultyStorage: HopStorage {
         return try await base.changeVersion()
     }
 
+    func checkSchema() async throws {
+        try check()
+        try await base.checkSchema()
+    }
+
     func makeDurable() async throws {
         try check()
         try await base.makeDurable()

@@ -21,6 +21,9 @@ import Synchronization
 //                                       "writes N failed F longest MS passed R": R, the most runs
 //                                       another process removed (by lowest id, as a prune does)
 //                                       while one write waited
+//        hop-test-store migrate-newer PATH
+//                                       opens the database as a newer Hop would: one migration more
+//                                       than this build has (a table "later"); prints the schema version
 //        hop-test-store no-auto-vacuum PATH
 //                                       rewrites the database without auto-vacuum, as Hop 0.1 created it
 // HOP_TEST_UMASK=<octal> sets the process's umask first.
@@ -142,8 +145,8 @@ if arguments.count == 4, arguments[1] == "write-loop", let busy = Int(arguments[
         exit(1)
     }
 }
-guard arguments.count == 3, ["migrate", "modes", "hold-lock"].contains(arguments[1]) else {
-    FileHandle.standardError.write(Data("usage: hop-test-store migrate|modes|hold-lock PATH\n".utf8))
+guard arguments.count == 3, ["migrate", "migrate-newer", "modes", "hold-lock"].contains(arguments[1]) else {
+    FileHandle.standardError.write(Data("usage: hop-test-store migrate|migrate-newer|modes|hold-lock PATH\n".utf8))
     exit(64)
 }
 if arguments[1] == "hold-lock" {
@@ -161,8 +164,15 @@ if arguments[1] == "hold-lock" {
 }
 do {
     let path = arguments[2]
-    let store = try await HopStore.open(path: path)
-    if arguments[1] == "migrate" {
+    var options = HopStore.Options()
+    if arguments[1] == "migrate-newer" {
+        options.migrations.append(
+            Migration(
+                version: Migration.latestVersion + 1, name: "later", sql: "CREATE TABLE later (id INTEGER PRIMARY KEY);"
+            ))
+    }
+    let store = try await HopStore.open(path: path, options: options)
+    if arguments[1] == "migrate" || arguments[1] == "migrate-newer" {
         print("schema \(store.schemaVersion)")
     } else {
         try await store.setFact(subject: "default", key: "written", value: "yes")

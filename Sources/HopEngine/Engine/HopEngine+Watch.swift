@@ -26,7 +26,9 @@ extension HopEngine: Service {
     /// had it open (`.replaced`; an operator restoring a backup without stopping the daemon).
     /// What it wrote from then on would go to a file no other process sees: it writes nothing
     /// more (every commit checks), stops its runs and throws the error within a poll, so that
-    /// the process exits and, started again, opens the file now at the path. At start-up (the first
+    /// the process exits and, started again, opens the file now at the path. The same when a
+    /// newer Hop upgraded the schema under it (`.schemaTooNew`, looked at every third of a
+    /// lease): its runs are left for the newer release. At start-up (the first
     /// look for expired sessions and runs to resume), a failure that may pass (a busy lock, an
     /// I/O error, a lost connection to PostgreSQL) is logged and tried again, after 0.1 s, then
     /// twice as long each time up to 5 s, until it succeeds or the engine is shut down; one
@@ -134,7 +136,9 @@ extension HopEngine: Service {
 
     /// `health`: what the observer was last told of the database. Returns the error that ends
     /// the engine: the database file was removed or replaced (`.replaced`), and whatever the
-    /// engine wrote from then on would be lost to every other process. `nil` once cancelled.
+    /// engine wrote from then on would be lost to every other process; or a newer Hop upgraded
+    /// the schema (`.schemaTooNew`, looked at every third of a lease), and this engine's code
+    /// must not go on writing it. `nil` once cancelled.
     private func watch(_ health: DatabaseHealth) async -> HopError? {
         var health = health
         var seen = (try? await storage.changeVersion()) ?? 0
@@ -152,7 +156,10 @@ extension HopEngine: Service {
                 try await expireSessions()
                 let version = try await storage.changeVersion()
                 let look = ContinuousClock.now - lastLook >= lookEvery
-                if look { lastLook = ContinuousClock.now }
+                if look {
+                    lastLook = ContinuousClock.now
+                    try await storage.checkSchema()
+                }
                 var released = 0
                 if ContinuousClock.now - lastDeadCheck >= configuration.deadEngineCheckInterval {
                     lastDeadCheck = .now
@@ -172,7 +179,7 @@ extension HopEngine: Service {
                 return nil
             } catch  where Task.isCancelled {
                 return nil  // a call the engine's stop cancelled (PostgreSQL's client says so its own way)
-            } catch let error as HopError where error.code == .replaced {
+            } catch let error as HopError where error.code == .replaced || error.code == .schemaTooNew {
                 return error
             } catch {
                 failures.log(error, to: logger, Self.watchLines)

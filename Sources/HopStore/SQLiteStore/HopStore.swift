@@ -186,4 +186,12 @@ extension HopStore: HopStorage {
         try connection.checkInPlace(operation: "look for changes")
         return try connection.queryOne("PRAGMA data_version", [], operation: "read data version") { $0.int64(0) } ?? 0
     }
+
+    package func checkSchema() throws {
+        let newest = try connection.queryOne(
+            "SELECT version, name FROM hop_migrations ORDER BY version DESC LIMIT 1", [],
+            operation: "check the schema"
+        ) { (version: Int($0.int64(0)), name: $0.text(1)) }
+        try StorageRules(location: path).checkNotUpgraded(newest: newest, opened: schemaVersion)
+    }
 }

@@ -45,6 +45,11 @@ package protocol HopStorage: Sendable {
     /// `.replaced` once the database this storage has open is no longer the one other
     /// processes open (a file removed, or another put in its place): the engine then stops.
     func changeVersion() async throws -> Int64
+    /// Throws `.schemaTooNew` once a newer Hop has upgraded the database's schema past the
+    /// version this storage opened it at (an operator's `hopctl migrate`, or the newer daemon,
+    /// run before this process was stopped): the engine then stops, so that code of two
+    /// releases does not write one database for longer than a look.
+    func checkSchema() async throws
 
     // MARK: Durability
 

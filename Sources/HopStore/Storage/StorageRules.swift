@@ -292,6 +292,19 @@ package struct StorageRules: Sendable {
             hint: "Fork its latest run, or cancel run \(other.id) first")
     }
 
+    /// Throws `.schemaTooNew` when `newest`, the database's latest applied migration now, is
+    /// past `opened`, the schema version the storage opened it at: a newer Hop upgraded it since.
+    package func checkNotUpgraded(newest: (version: Int, name: String)?, opened: Int) throws {
+        guard let newest, newest.version > opened else { return }
+        throw HopError(
+            .schemaTooNew, operation: "check the schema", path: location,
+            reason:
+                "a newer Hop upgraded the database to schema version \(newest.version) (\(newest.name)) while this process ran; this binary knows versions up to \(opened)",
+            hint:
+                "Start the newer release in its place: this engine stopped, and its unfinished runs are left for it. Stop the daemons before `hopctl migrate` next time"
+        )
+    }
+
     /// Checks the migrations recorded as applied (version, name, checksum) against this binary's:
     /// refuses a schema newer than it knows, and an applied migration whose text changed.
     package func checkApplied(
