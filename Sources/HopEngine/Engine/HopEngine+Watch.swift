@@ -13,8 +13,8 @@ extension HopEngine: Service {
     /// It renews the leases of the runs it executes three times per ``Configuration/leaseDuration``,
     /// takes over the runs of engines whose process is gone (their liveness lock is free) within
     /// ``Configuration/deadEngineCheckInterval``, and the runs of any other engine once their
-    /// lease expired. A run it finds taken over by
-    /// another engine (this one was stalled past its lease) stops here without another write.
+    /// lease expired. A run it finds taken over by another engine (this one was stalled past its
+    /// lease) stops here without another write.
     ///
     /// On shutdown (``stopExecuting()``), the steps in flight are cancelled and no other run
     /// starts; the leases of those runs and of the runs waiting for a place are released, and
@@ -82,16 +82,19 @@ extension HopEngine: Service {
             }
         }
         await stopExecuting()
+        // A replaced file refuses every commit: nothing to try.
+        if ended?.code != .replaced {
+            do {
+                try await storage.makeDurable()
+            } catch {
+                logger.error("the last records could not be committed", metadata: ["hop.error": "\(error)"])
+            }
+        }
         if let ended {
             logger.critical(
                 "engine stopped: its database cannot be used any more; start the process again",
                 metadata: ["hop.error": "\(ended)"])
             throw ended
-        }
-        do {
-            try await storage.makeDurable()
-        } catch {
-            logger.error("the last records could not be committed", metadata: ["hop.error": "\(error)"])
         }
         logger.info("engine stopped; unfinished runs stay resumable")
     }
