@@ -209,14 +209,9 @@ import Testing
         let engines = try await holders()
         try #require(engines.count == 1 && engines[0].application == "hop", "\(engines)")
 
-        let old = try server.client(running: "SELECT pg_advisory_lock(\(key))", database: "forgotten", in: folder)
+        let old = try await PostgresProcessTests.sessionWaitingForALock(
+            running: "SELECT pg_advisory_lock(\(key))", on: server, "forgotten", in: folder)
         defer { old.kill() }
-        try await waitUntil("the old session waits for the key", timeout: .seconds(30)) {
-            try await server.psql(
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'psql' AND wait_event = 'advisory'",
-                database: "forgotten"
-            ).trimmingCharacters(in: .whitespacesAndNewlines) == "1"
-        }
         _ = try await server.psql("SELECT pg_terminate_backend(\(engines[0].pid))", database: "forgotten")
         try await waitUntil("the engine holds its liveness lock again", timeout: .seconds(30)) {
             let now = try await holders()

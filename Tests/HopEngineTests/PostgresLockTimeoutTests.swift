@@ -126,15 +126,9 @@ import Testing
         let first = try await holders()[0]
 
         // Another session asks for the key, and gets it once the engine's connection is ended.
-        let taker = try server.client(
-            running: "SET lock_timeout = 0; SELECT pg_advisory_lock(\(key))", database: "timeouts", in: folder)
+        let taker = try await PostgresProcessTests.sessionWaitingForALock(
+            running: "SET lock_timeout = 0; SELECT pg_advisory_lock(\(key))", on: server, "timeouts", in: folder)
         defer { taker.kill() }
-        try await waitUntil("the other session waits for the key", timeout: .seconds(30)) {
-            try await server.psql(
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'psql' AND wait_event = 'advisory'",
-                database: "timeouts"
-            ).trimmingCharacters(in: .whitespacesAndNewlines) == "1"
-        }
         _ = try await server.psql("SELECT pg_terminate_backend(\(first.pid))", database: "timeouts")
         try await Self.waitForLocks(
             statementsWaiting: 1, on: "advisory", longerThan: "300 ms", server: server, failures: Failures())

@@ -182,6 +182,27 @@ import Testing
         }
     }
 
+    /// A psql session of its own in `database` on `server` that runs `sql`, which asks for an
+    /// advisory lock another session holds (an engine's liveness lock); returns once the server
+    /// shows it waiting.
+    static func sessionWaitingForALock(
+        running sql: String, on server: PostgresServer, _ database: String, in folder: TemporaryDirectory
+    ) async throws -> ChildProcess {
+        let session = try server.client(running: sql, database: database, in: folder)
+        do {
+            try await waitUntil("the other session waits for the lock", timeout: .seconds(30)) {
+                try await server.psql(
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'psql' AND wait_event = 'advisory'",
+                    database: database
+                ).trimmingCharacters(in: .whitespacesAndNewlines) == "1"
+            }
+        } catch {
+            session.kill()
+            throw error
+        }
+        return session
+    }
+
     /// The holders of a liveness lock in `database` on `server`.
     static func livenessLockHolders(on server: PostgresServer, _ database: String) async throws -> [LockHolder] {
         try await livenessLockHolders { try await server.psql($0, database: database) }
