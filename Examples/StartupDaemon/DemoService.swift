@@ -145,11 +145,12 @@ struct DemoService: Service {
                 if case .end = event { ending = false }  // the next tick sees the end again
             }
         }
-        // Shut down: the run as stored if it can be read (not on PostgreSQL, whose client refuses a
-        // query of this cancelled task), else where this service last saw it.
+        // The engine stopped by itself: where the run is, this service cannot know.
         if let failure = outcome.engineFailure.withLock({ $0 }) {
             return narrator.say("stopping: the engine stopped (\(failure.code)); the error says why")
         }
+        // Shut down: the run as stored if it can be read (not on PostgreSQL, whose client refuses a
+        // query of this cancelled task), else where this service last saw it.
         let record = try? await store.run(id: run.id)
         if record?.status.isUnfinished ?? true {
             let step = record.map(\.currentStep) ?? (parkedStep ?? lastHop)
