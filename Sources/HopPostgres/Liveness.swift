@@ -23,6 +23,16 @@ package final class AdvisoryLock: Sendable {
     /// Holds the lock; it captures the state, never this object, so the lock goes with its incarnation.
     private let task: Task<Void, Never>
 
+    /// The condition on a row `l` of `pg_locks` that it is a granted liveness lock on `k.key` (a
+    /// `bigint`) in this database: a one-key advisory lock, which the server shows as the key's
+    /// high 32 bits (`classid`) and low 32 bits (`objid`). A constant clause, for every statement
+    /// that looks for a liveness lock's holder.
+    static let heldOnKey = """
+        l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+            AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+            AND l.classid::bigint = (k.key >> 32) & 4294967295 AND l.objid::bigint = k.key & 4294967295
+        """
+
     /// The lock key of an owner value ending in `#` and 16 hex digits; `nil` for any other.
     package static func key(ofOwner owner: String) -> Int64? {
         guard let hash = owner.lastIndex(of: "#") else { return nil }
@@ -121,11 +131,8 @@ package final class AdvisoryLock: Sendable {
                     // Materialized: the server may not end any session before it is found to hold the key.
                     """
                     WITH holders AS MATERIALIZED (
-                        SELECT l.pid FROM pg_locks l
-                        WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted AND l.pid <> pg_backend_pid()
-                            AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-                            AND l.classid::bigint = ($1::bigint >> 32) & 4294967295
-                            AND l.objid::bigint = $1::bigint & 4294967295
+                        SELECT l.pid FROM pg_locks l CROSS JOIN (SELECT $1::bigint AS key) AS k
+                        WHERE \(AdvisoryLock.heldOnKey) AND l.pid <> pg_backend_pid()
                     )
                     SELECT pid FROM holders WHERE pg_terminate_backend(pid)
                     """, [.int(key)])

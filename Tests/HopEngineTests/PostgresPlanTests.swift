@@ -52,7 +52,7 @@ import Testing
         }
     }
 
-    /// The watch's look for engines that are gone, at every poll of every engine: the owners
+    /// The watch's look for engines that are gone, every second of every engine: the owners
     /// one index search after another, not every owned run read and sorted (140–200 ms at 40,000
     /// runs in flight, against 3–5 ms). The plan is made on 20,000 running runs of 4 owners.
     @Test(.enabled(if: PostgresProcessTests.available)) func theLookForEnginesThatAreGoneWalksTheOwners() async throws {
