@@ -129,6 +129,9 @@ import Testing
     /// queries from the stopping tasks). Under the whole suite, a release once took longer than
     /// the 2 s a stop waits for it, and the observer was told of the run still held: it is now
     /// told once the release ended, and not at all when that takes longer than the stop waits.
+    /// Likewise a run found still held after the stop must be one whose release the engine said
+    /// was late (CI once saw the waiting runs' release outlast its 2 s on PostgreSQL); it is then
+    /// released soon after.
     @Test(arguments: TestBackend.all)
     func aStoppingEngineGivesNoFreedPlaceToAWaitingRun(backend: TestBackend) async throws {
         let folder = try TemporaryDirectory()
@@ -156,17 +159,30 @@ import Testing
         try await service.value
         #expect(inFlight.entered.count == 2, "runs that waited for a place entered their step as the engine stopped")
         #expect(await engine.executingCount == 0, "runs still execute after the engine stopped")
+        // Released by the time the stop returns, unless the engine said it stopped waiting for
+        // a release (a loaded machine: the stop waits 2 s at most): that run is released soon after.
+        let warnings = logs.texts(atLeast: .warning)
+        let late = warnings.filter { $0.contains(StopTests.lateRelease) }
+        let waitedLate = warnings.contains { $0.contains(StopTests.lateReleaseOfWaitingRuns) }
         let stored = try await store.allRuns(flow: "work")
         #expect(stored.count == 6)
         for run in stored {
             #expect(run.status == .running, "run \(run.id)")
-            #expect(run.owner == nil, "run \(run.id) is still held by \(run.owner ?? "")")
+            let releaseWasLate =
+                inFlight.entered.contains(run.id)
+                ? late.contains { $0.contains("\(StopTests.lateRelease) \(run.id):") } : waitedLate
+            if run.owner != nil, releaseWasLate {
+                try await waitUntil("the late release of run \(run.id) has ended") {
+                    try await store.run(id: run.id)?.owner == nil
+                }
+            } else {
+                #expect(run.owner == nil, "run \(run.id) is still held by \(run.owner ?? ""); warnings: \(warnings)")
+            }
         }
         let settled = events.settled
         // The observer is told once the release ended. A release still under way after the
         // stop's two moments (one for the release, one for the read) leaves the run untold;
         // the engine said its release was late.
-        let late = logs.texts(atLeast: .warning).filter { $0.contains(StopTests.lateRelease) }
         #expect(
             Set(settled.map(\.id)).isSubset(of: inFlight.entered)
                 && inFlight.entered.allSatisfy { id in

@@ -28,6 +28,8 @@ final class SettledRuns: Sendable {
 @Suite struct StopTests {
     /// What the engine logs, followed by " <run id>:", when a stop stopped waiting for a run's release.
     static let lateRelease = "stopped without waiting longer for the release of run"
+    /// What it logs when a stop stopped waiting for the release of the runs that waited for a place.
+    static let lateReleaseOfWaitingRuns = "stopped without waiting longer for the release of the runs that waited"
 
     /// A log handler that hands each message to `heard` as it is logged: a test that must act
     /// the moment the engine says something, whatever the load on the machine.
