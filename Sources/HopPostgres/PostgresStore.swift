@@ -117,6 +117,12 @@ public final class PostgresStore: Sendable {
     ) async throws -> PostgresStore {
         var logger = logger
         logger[metadataKey: "hop.db"] = "\(url.redacted)"
+        guard url.connectionLimit >= 1 else {
+            throw HopError(
+                .invalidInput, operation: "open", path: url.redacted,
+                reason: "the connection limit \(url.connectionLimit) leaves the store no connection",
+                hint: "Set PostgresURL.connectionLimit (connection_limit= in the URL) to 1 or more")
+        }
         let client = PostgresClient(configuration: try url.clientConfiguration(), backgroundLogger: quiet)
         let running = Task { await client.run() }
         let changes = ChangeListener(url: url, logger: logger)

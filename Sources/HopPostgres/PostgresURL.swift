@@ -7,6 +7,9 @@ import PostgresNIO
 ///     postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE[?sslmode=require]
 ///     postgres://USER@/DATABASE?host=/var/run/postgresql        (a Unix socket's folder)
 ///
+/// One parameter is Hop's own, not libpq's: `connection_limit=N`, the most connections the
+/// store's pool opens (``connectionLimit``; a fleet sizes the server's `max_connections` by it).
+///
 /// The password comes from the URL, else `PGPASSWORD`, else the password file (`passfile=`,
 /// `PGPASSFILE` or `~/.pgpass`, in libpq's format). ``redacted`` is the URL with its password
 /// replaced by `***`: the only form that logs, errors and `hopctl` ever show.
@@ -41,6 +44,13 @@ public struct PostgresURL: Sendable, Equatable, CustomStringConvertible, CustomR
     public var tlsMode: TLSMode
     /// A file of trusted root certificates (PEM), for `verify-ca` and `verify-full`.
     public var rootCertificate: String?
+    /// The most connections the store's pool opens at once (`connection_limit=`, Hop's own
+    /// parameter), at least 1; ``defaultConnectionLimit`` when the URL does not say. The pool
+    /// opens them as its queries need them and closes one idle for a minute; a store holds two
+    /// more of its own (an engine's liveness lock, and the one that listens for changes).
+    public var connectionLimit: Int
+    /// The pool's limit when the URL sets none: PostgresNIO's default.
+    public static let defaultConnectionLimit = 20
 
     /// Whether `text` names a PostgreSQL database (`postgres://` or `postgresql://`) rather than a file.
     public static func isPostgresURL(_ text: String) -> Bool {
@@ -65,7 +75,9 @@ public struct PostgresURL: Sendable, Equatable, CustomStringConvertible, CustomR
             guard let value = item.value else { throw refuse("the parameter '\(item.name)' has no value") }
             query[item.name] = value
         }
-        let known: Set = ["sslmode", "host", "port", "user", "password", "passfile", "sslrootcert", "dbname"]
+        let known: Set = [
+            "sslmode", "host", "port", "user", "password", "passfile", "sslrootcert", "dbname", "connection_limit",
+        ]
         if let unknown = query.keys.sorted().first(where: { !known.contains($0) }) {
             throw refuse(
                 "the parameter '\(unknown)' is not supported (supported: \(known.sorted().joined(separator: ", ")))")
@@ -105,6 +117,14 @@ public struct PostgresURL: Sendable, Equatable, CustomStringConvertible, CustomR
             throw refuse("sslmode=\(tlsMode.rawValue) asks for TLS over a Unix socket, which PostgreSQL does not offer")
         }
         rootCertificate = query["sslrootcert"]
+        if let limit = query["connection_limit"] {
+            guard let parsed = Int(limit), parsed >= 1 else {
+                throw refuse("connection_limit '\(limit)' is not a whole number of at least 1")
+            }
+            connectionLimit = parsed
+        } else {
+            connectionLimit = Self.defaultConnectionLimit
+        }
         password =
             components.password ?? query["password"] ?? environment["PGPASSWORD"]
             ?? Self.passwordFromFile(
@@ -121,6 +141,7 @@ public struct PostgresURL: Sendable, Equatable, CustomStringConvertible, CustomR
         if let socketDirectory { parameters.append("host=\(socketDirectory)") }
         if socketDirectory != nil, port != 5432 { parameters.append("port=\(port)") }
         if tlsMode != (socketDirectory == nil ? .prefer : .disable) { parameters.append("sslmode=\(tlsMode.rawValue)") }
+        if connectionLimit != Self.defaultConnectionLimit { parameters.append("connection_limit=\(connectionLimit)") }
         return parameters.isEmpty ? text : text + "?" + parameters.joined(separator: "&")
     }
 
@@ -187,6 +208,7 @@ public struct PostgresURL: Sendable, Equatable, CustomStringConvertible, CustomR
                 tls: try tls())
         }
         configuration.options.additionalStartupParameters = [("application_name", "hop")]
+        configuration.options.maximumConnections = connectionLimit
         return configuration
     }
 
