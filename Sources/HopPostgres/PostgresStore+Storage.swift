@@ -538,7 +538,9 @@ extension PostgresStore: HopStorage {
     }
 
     package func dueTimeouts(now: Date) async throws -> [RunRecord] {
-        try await read(
+        // Asked at every poll: read only once the next deadline has come (``DueLook``).
+        guard let wakeAt = try await nextDue().wakeAt, wakeAt <= Clock.milliseconds(now) else { return [] }
+        return try await read(
             "SELECT \(RunRecord.pgColumns) FROM runs WHERE wake_at <= $1 AND status = 'parked' ORDER BY wake_at",
             [.int(Clock.milliseconds(now))], operation: "list due timeouts", RunRecord.init(pg:))
     }
@@ -622,13 +624,8 @@ extension PostgresStore: HopStorage {
     @discardableResult
     package func expireSessions(now: Date) async throws -> [Int64] {
         let due = Clock.milliseconds(now)
-        // Read first: an engine asks every poll, and almost always nothing has expired.
-        guard
-            try await readOne(
-                "SELECT 1 FROM sessions WHERE expires_at <= $1 LIMIT 1", [.int(due)],
-                operation: "read expired sessions",
-                { _ in true }) != nil
-        else { return [] }
+        // Asked at every poll: a transaction only once the next expiry has come (``DueLook``).
+        guard let expiresAt = try await nextDue().expiresAt, expiresAt <= due else { return [] }
         let operation = "expire sessions"
         return try await transaction(operation) { tx in
             var rerouted: [Int64] = []

@@ -36,6 +36,20 @@ public final class PostgresStore: Sendable {
     let locks = Mutex<[String: WeakLock]>([:])
     /// The server's clock, as seen from here.
     let clock: ServerClock
+    /// How many transactions this store has ended (committed, rolled back or failed): a look at
+    /// what is due (``DueLook``) made before one of them may have missed what it wrote.
+    let transactionsEnded = Atomic<Int64>(0)
+    /// The last look at the next deadline and the next session expiry (``nextDue()``).
+    let dueLook = Mutex<DueLook?>(nil)
+    /// How many looks at what comes due next this store made (``nextDue()``).
+    package let dueLooks = Atomic<Int>(0)
+    /// How long a look at what comes due next is trusted when nothing says it is out of date
+    /// (``DueLook``): 1 s; tests set it longer, to see that the other signs are enough.
+    package var dueLookEvery: Duration {
+        get { dueLookInterval.withLock { $0 } }
+        set { dueLookInterval.withLock { $0 = newValue } }
+    }
+    private let dueLookInterval = Mutex(Duration.seconds(1))
 
     /// The channel of change notifications.
     static let channel = "hop_changes"
@@ -185,6 +199,8 @@ public final class PostgresStore: Sendable {
     ) async throws -> Result {
         let started = ContinuousClock.now
         var attempt = 0
+        // Counted once it ended, whatever became of it: a look begun before then is not trusted.
+        defer { transactionsEnded.add(1, ordering: .sequentiallyConsistent) }
         while true {
             attempt += 1
             // Set once the body is done: the COMMIT is then under way.
