@@ -191,6 +191,8 @@ extension PostgresStore: HopAdministration {
     package func restore(_ snapshot: HopSnapshot) async throws {
         let operation = "copy into \(location)"
         let batches = try SnapshotBatches(snapshot)
+        // Once the transaction is over: its runs' deadlines and sessions' expiries come due (``DueLook``).
+        defer { dueWritten() }
         try await transaction(operation) { tx in
             let held =
                 try await tx.queryOne(

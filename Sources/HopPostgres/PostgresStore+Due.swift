@@ -10,19 +10,25 @@ import HopStore
 /// The store reads the next deadline and the next expiry in one statement instead, and answers
 /// from that look until one of these comes:
 /// - that time itself;
-/// - a transaction of this store ended (it may have parked a run or stored a session);
+/// - a transaction of this store that parked a run with a deadline or stored a session with an
+///   expiry ended (``dueWritten()``);
 /// - another store notified a change (``ChangeListener``: a login that woke a run, a release, …),
 ///   or the listening connection was opened again;
-/// - ``PostgresStore/dueLookEvery`` (1 s) has passed since the look: a deadline or an expiry another process wrote
-///   without notifying (a run parked with a timeout by another engine, a session stored by
-///   `hopctl` that woke no run) is seen within it. Its own writes, each process sees at once.
+/// - ``PostgresStore/dueLookEvery`` (1 s) has passed since the look: a deadline or an expiry
+///   another process wrote without notifying (a run parked with a timeout by another engine, a
+///   session stored by `hopctl` that woke no run) is seen within it. Its own writes, each
+///   process sees at once.
+///
+/// Once something came due, the look is forgotten (``forgetDueLook()``): acting on it (a timeout
+/// recorded, a session removed) changes what comes next.
 struct DueLook: Sendable {
     /// The earliest deadline of a parked run, in milliseconds by the server's clock; `nil`: none.
     var wakeAt: Int64?
     /// The earliest expiry of a stored session, likewise.
     var expiresAt: Int64?
-    /// What the look was made after: the store's ended transactions, the notified changes, and when.
-    var transactions: Int64
+    /// What the look was made after: the store's writes of deadlines and expiries, the notified
+    /// changes, and when.
+    var dueWrites: Int64
     var changes: Int64
     var at: ContinuousClock.Instant
 }
@@ -38,10 +44,10 @@ extension PostgresStore {
     /// The last look at what comes due next, or a new one when it may be out of date (``DueLook``).
     func nextDue() async throws -> DueLook {
         // Taken before the read: a write that ends while it runs makes the look out of date.
-        let transactions = transactionsEnded.load(ordering: .sequentiallyConsistent)
+        let dueWrites = dueWritesEnded.load(ordering: .sequentiallyConsistent)
         let changes = self.changes.current
         let now = ContinuousClock.now
-        if let look = dueLook.withLock({ $0 }), look.transactions == transactions, look.changes == changes,
+        if let look = dueLook.withLock({ $0 }), look.dueWrites == dueWrites, look.changes == changes,
             now - look.at < dueLookEvery
         {
             return look
@@ -51,8 +57,21 @@ extension PostgresStore {
             (try $0.optionalInt64(0), try $0.optionalInt64(1))
         }.first
         let look = DueLook(
-            wakeAt: row?.0, expiresAt: row?.1, transactions: transactions, changes: changes, at: now)
+            wakeAt: row?.0, expiresAt: row?.1, dueWrites: dueWrites, changes: changes, at: now)
         dueLook.withLock { $0 = look }
         return look
+    }
+
+    /// Says that a transaction that may have written a deadline or an expiry has ended, whatever
+    /// became of it: the last look may have missed it. Called once the transaction is over, never
+    /// before its commit (a look made in between would be taken as up to date).
+    func dueWritten() {
+        dueWritesEnded.add(1, ordering: .sequentiallyConsistent)
+    }
+
+    /// Forgets the last look: what came due is being acted on (a timeout recorded, a session
+    /// removed), so the next poll looks again rather than finding it due again.
+    func forgetDueLook() {
+        dueLook.withLock { $0 = nil }
     }
 }

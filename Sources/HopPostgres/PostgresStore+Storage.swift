@@ -279,6 +279,8 @@ extension PostgresStore: HopStorage {
         for write in writes { try write.validate(path: location) }
         let operation =
             writes.count == 1 ? writes[0].operation(runID: runID) : "record \(writes.count) entries of run \(runID)"
+        // Once the transaction is over: a park with a deadline comes due then (``DueLook``).
+        defer { if writes.contains(where: \.parksWithADeadline) { dueWritten() } }
         return try await transaction(operation) { tx in
             // Before any row of the run: a park until a login or logout is ordered with those.
             if writes.contains(where: \.parksUntilASessionChange) { try await tx.lockSubject(ofRun: runID) }
@@ -540,6 +542,7 @@ extension PostgresStore: HopStorage {
     package func dueTimeouts(now: Date) async throws -> [RunRecord] {
         // Asked at every poll: read only once the next deadline has come (``DueLook``).
         guard let wakeAt = try await nextDue().wakeAt, wakeAt <= Clock.milliseconds(now) else { return [] }
+        forgetDueLook()
         return try await read(
             "SELECT \(RunRecord.pgColumns) FROM runs WHERE wake_at <= $1 AND status = 'parked' ORDER BY wake_at",
             [.int(Clock.milliseconds(now))], operation: "list due timeouts", RunRecord.init(pg:))
@@ -581,6 +584,8 @@ extension PostgresStore: HopStorage {
         try validate(userID, as: "user id")
         try StorageRules(location: location).checkSession(token: token, expiresAt: expiresAt, now: now())
         let operation = "store session of \(subject)"
+        // Once the transaction is over: the session comes due at its expiry (``DueLook``).
+        defer { if expiresAt != nil { dueWritten() } }
         return try await transaction(operation) { tx in
             try await tx.lockSubject(subject)
             try await tx.run(
@@ -626,6 +631,7 @@ extension PostgresStore: HopStorage {
         let due = Clock.milliseconds(now)
         // Asked at every poll: a transaction only once the next expiry has come (``DueLook``).
         guard let expiresAt = try await nextDue().expiresAt, expiresAt <= due else { return [] }
+        forgetDueLook()
         let operation = "expire sessions"
         return try await transaction(operation) { tx in
             var rerouted: [Int64] = []

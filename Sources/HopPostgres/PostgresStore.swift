@@ -36,9 +36,10 @@ public final class PostgresStore: Sendable {
     let locks = Mutex<[String: WeakLock]>([:])
     /// The server's clock, as seen from here.
     let clock: ServerClock
-    /// How many transactions this store has ended (committed, rolled back or failed): a look at
-    /// what is due (``DueLook``) made before one of them may have missed what it wrote.
-    let transactionsEnded = Atomic<Int64>(0)
+    /// How many transactions of this store that may have written a deadline or a session's
+    /// expiry have ended (committed, rolled back or failed): a look at what is due
+    /// (``DueLook``) made before one of them may have missed what it wrote.
+    let dueWritesEnded = Atomic<Int64>(0)
     /// The last look at the next deadline and the next session expiry (``nextDue()``).
     let dueLook = Mutex<DueLook?>(nil)
     /// How many looks at what comes due next this store made (``nextDue()``).
@@ -199,8 +200,6 @@ public final class PostgresStore: Sendable {
     ) async throws -> Result {
         let started = ContinuousClock.now
         var attempt = 0
-        // Counted once it ended, whatever became of it: a look begun before then is not trusted.
-        defer { transactionsEnded.add(1, ordering: .sequentiallyConsistent) }
         while true {
             attempt += 1
             // Set once the body is done: the COMMIT is then under way.

@@ -64,6 +64,12 @@ package enum RunWrite: Sendable {
         return false
     }
 
+    /// Whether the write parks the run with a deadline (a step's timeout): it comes due then.
+    package var parksWithADeadline: Bool {
+        if case .hop(_, _, true, _, .some) = self { return true }
+        return false
+    }
+
     /// What the write does, for messages: "hop run 5 to login".
     package func operation(runID: Int64) -> String {
         switch self {
