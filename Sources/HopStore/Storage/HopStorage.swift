@@ -156,7 +156,9 @@ package protocol HopStorage: Sendable {
     /// Unfinished, unparked runs that no engine holds, of the given flows and, of each, of the
     /// given versions only (a run of another version is left for an engine that has it), oldest first.
     func claimableRuns(versions: [String: [String]], now: Date, limit: Int) async throws -> [RunRecord]
-    /// Parked runs whose step's deadline has passed.
+    /// Parked runs whose step's deadline has passed. The watch asks at every poll: a store may
+    /// answer from what it last read, if it sees its own writes at once and those of other
+    /// processes within a second (`PostgresStore`'s look at what comes due).
     func dueTimeouts(now: Date) async throws -> [RunRecord]
 
     // MARK: Subject state
@@ -174,7 +176,8 @@ package protocol HopStorage: Sendable {
     /// with `userID`, refused, changing nothing, when another user's session is stored.
     @discardableResult
     func deleteSession(subject: String, userID: String?) async throws -> (removed: Bool, rerouted: [Int64])
-    /// Removes the sessions whose expiry has come, as logouts; returns the runs re-routed.
+    /// Removes the sessions whose expiry has come, as logouts; returns the runs re-routed. Asked
+    /// at every poll, as ``dueTimeouts(now:)`` is, and answered the same way.
     @discardableResult
     func expireSessions(now: Date) async throws -> [Int64]
     /// The daemon's fact `key` about `subject`.
