@@ -62,10 +62,11 @@ public struct PostgresURL: Sendable, Equatable, CustomStringConvertible, CustomR
     /// - Throws: ``HopError`` `.invalidInput`, naming what is wrong, with the password redacted.
     public init(_ text: String, environment: [String: String] = ProcessInfo.processInfo.environment) throws {
         let shown = Self.redact(text)
-        func refuse(_ reason: String) -> HopError {
-            HopError(
-                .invalidInput, operation: "read the database URL", path: shown, reason: reason,
-                hint: "Write it as postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE[?sslmode=require]")
+        func refuse(
+            _ reason: String,
+            hint: String = "Write it as postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE[?sslmode=require]"
+        ) -> HopError {
+            HopError(.invalidInput, operation: "read the database URL", path: shown, reason: reason, hint: hint)
         }
         guard Self.isPostgresURL(text), let components = URLComponents(string: text) else {
             throw refuse("it is not a postgres:// URL")
@@ -119,7 +120,9 @@ public struct PostgresURL: Sendable, Equatable, CustomStringConvertible, CustomR
         rootCertificate = query["sslrootcert"]
         if let limit = query["connection_limit"] {
             guard let parsed = Int(limit), parsed >= 1 else {
-                throw refuse("connection_limit '\(limit)' is not a whole number of at least 1")
+                throw refuse(
+                    "connection_limit '\(limit)' is not a whole number of at least 1",
+                    hint: "Give the most connections the pool may open, e.g. connection_limit=4, or leave it out (20)")
             }
             connectionLimit = parsed
         } else {

@@ -97,6 +97,7 @@ import Testing
                 #expect(error.code == .invalidInput)
                 #expect(!"\(error)".contains("s3cret-pw"), "\(error)")
                 #expect("\(error)".contains("connection_limit"), "\(error)")
+                #expect(error.hint?.contains("connection_limit=4") == true, "\(error)")
             }
         }
         var none = url
