@@ -9,7 +9,13 @@ import Testing
 /// An idle engine on PostgreSQL asks the server what is due (a parked run's deadline, a
 /// session's expiry) once a second, not at every poll; a deadline or an expiry still comes on time.
 @Suite struct PostgresDueLookTests {
-    static let quiet = Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() })
+    static let quiet = PostgresConnectionLossTests.quiet
+
+    /// How many sessions the test's database stores, read with psql.
+    static func sessions(in folder: TemporaryDirectory) async throws -> String {
+        try await TestDatabases.shared.psql("SELECT count(*) FROM sessions", in: folder)
+            .trimmingCharacters(in: .whitespacesAndNewlines)
+    }
 
     /// Before, the watch's look for due timeouts and expired sessions was two statements at every
     /// poll: an idle fleet of 20 engines made the server commit 880 transactions a second. Now an
@@ -60,8 +66,7 @@ import Testing
         // Within its expiry and the look's second; waited for longer, for a loaded machine. A look
         // trusted for as long as nothing notifies never removed it (this test failed so).
         try await waitUntil("the session is removed", timeout: .seconds(120)) {
-            try await TestDatabases.shared.psql("SELECT count(*) FROM sessions", in: folder)
-                .trimmingCharacters(in: .whitespacesAndNewlines) == "0"
+            try await Self.sessions(in: folder) == "0"
         }
         #expect(other.now() >= expiry, "removed before its expiry")
         await other.close()
@@ -107,16 +112,12 @@ import Testing
             )
             throw error
         }
-        func sessions() async throws -> String {
-            try await TestDatabases.shared.psql("SELECT count(*) FROM sessions", in: folder)
-                .trimmingCharacters(in: .whitespacesAndNewlines)
-        }
 
         // Stored by the engine's own store (as its embedder does, through `engine.login`).
         try await store.storeSession(
             subject: "own", userID: "alice", token: Token.random(), expiresAt: store.now().addingTimeInterval(0.3))
         try await waitUntil("the session of its own store is removed", timeout: .seconds(120)) {
-            try await sessions() == "0"
+            try await Self.sessions(in: folder) == "0"
         }
 
         // Stored by another store, which tells no one; then a write of it that notifies.
@@ -126,7 +127,7 @@ import Testing
         _ = try await other.startRun(
             flow: "f", subject: "other", version: "1", owner: nil, until: nil, durability: .now)
         try await waitUntil("the session another store stored is removed", timeout: .seconds(120)) {
-            try await sessions() == "0"
+            try await Self.sessions(in: folder) == "0"
         }
         await other.close()
     }
