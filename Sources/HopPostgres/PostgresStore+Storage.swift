@@ -32,14 +32,24 @@ extension PostgresStore: HopStorage {
         }
     }
 
-    package func changeVersion() async throws -> Int64 { changes.current }
+    /// Throws `.replaced` once a statement of this store found the database replaced
+    /// (``checkNotReplaced(runsTable:operation:)``).
+    package func changeVersion() async throws -> Int64 {
+        if replaced.load(ordering: .relaxed) { throw replacedError(operation: "watch the database") }
+        return changes.current
+    }
 
+    /// Also looks whether the database is still the one this store opened
+    /// (``checkNotReplaced(runsTable:operation:)``): an engine whose runs are all parked writes
+    /// nothing that would find it, and its watch looks here every third of a lease.
     package func checkSchema() async throws {
-        let newest = try await readOne(
-            "SELECT version::bigint, name FROM hop_migrations ORDER BY version DESC LIMIT 1", [],
-            operation: "check the schema"
-        ) { (version: Int(try $0.int64(0)), name: try $0.text(1)) }
-        try StorageRules(location: location).checkNotUpgraded(newest: newest, opened: schemaVersion)
+        let operation = "check the schema"
+        let found = try await readOne(
+            "SELECT version::bigint, name, \(Self.runsTableNow) FROM hop_migrations ORDER BY version DESC LIMIT 1", [],
+            operation: operation
+        ) { (newest: (version: Int(try $0.int64(0)), name: try $0.text(1)), table: try $0.int64(2)) }
+        try checkNotReplaced(runsTable: found?.table ?? runsTable, operation: operation)
+        try StorageRules(location: location).checkNotUpgraded(newest: found?.newest, opened: schemaVersion)
     }
 
     // MARK: Durability

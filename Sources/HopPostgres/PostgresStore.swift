@@ -36,6 +36,12 @@ public final class PostgresStore: Sendable {
     let locks = Mutex<[String: WeakLock]>([:])
     /// The server's clock, as seen from here.
     let clock: ServerClock
+    /// The object id of Hop's `runs` table when this store opened the database: the table is
+    /// the same as long as the database is the one it opened (``checkNotReplaced(runsTable:operation:)``).
+    let runsTable: Int64
+    /// Set once this store found that the database is no longer the one it opened: from then on
+    /// ``changeVersion()`` throws `.replaced`, so the engine's watch stops the engine at its next poll.
+    let replaced = Atomic<Bool>(false)
     /// How many transactions of this store that may have written a deadline or a session's
     /// expiry have ended (committed, rolled back or failed): a look at what is due
     /// (``DueLook``) made before one of them may have missed what it wrote.
@@ -97,9 +103,10 @@ public final class PostgresStore: Sendable {
 
     private init(
         url: PostgresURL, client: PostgresClient, running: Task<Void, Never>, changes: ChangeListener,
-        instance: String, schemaVersion: Int, clock: ServerClock, logger: Logger
+        instance: String, schemaVersion: Int, clock: ServerClock, runsTable: Int64, logger: Logger
     ) {
         self.url = url
+        self.runsTable = runsTable
         self.clock = clock
         self.instance = instance
         self.client = client
@@ -158,6 +165,14 @@ public final class PostgresStore: Sendable {
             } catch {
                 throw map(error, operation: "read the server's clock", location: url.redacted)
             }
+            let runsTable: Int64
+            do {
+                runsTable =
+                    try await client.rows(of: PostgresValue.query("SELECT \(Self.runsTableNow)", []))
+                    .first.map { try Row($0).int64(0) } ?? 0
+            } catch {
+                throw map(error, operation: "open", location: url.redacted)
+            }
             logger.debug(
                 "opened Hop database",
                 metadata: [
@@ -165,12 +180,44 @@ public final class PostgresStore: Sendable {
                 ])
             return PostgresStore(
                 url: url, client: client, running: running, changes: changes, instance: instance,
-                schemaVersion: version, clock: clock, logger: logger)
+                schemaVersion: version, clock: clock, runsTable: runsTable, logger: logger)
         } catch {
             changes.stop()
             running.cancel()
             throw error
         }
+    }
+
+    /// The object id of Hop's `runs` table as the database has it now, as SQL.
+    static let runsTableNow = "'runs'::regclass::oid::bigint"
+
+    /// Throws `.replaced` when `oid`, the object id of Hop's `runs` table as a statement of this
+    /// store just found it (``runsTableNow``, or the `tableoid` of a row of `runs`), is not the
+    /// table this store opened: Hop's tables were dropped and created again since, by an operator
+    /// restoring a backup while engines ran (`pg_restore --clean`, or a database dropped and
+    /// restored under the same name). An engine that went on would write its runs as it knows
+    /// them over the restored ones, whose histories end earlier: steps done again or skipped. So
+    /// the write that found it changes nothing, and from then on ``changeVersion()`` throws too:
+    /// the engine stops, and started again resumes every run from the database as it is now.
+    ///
+    /// A new table never takes the object id of one that existed before in the same cluster (the
+    /// server counts them up); a backup restored into a cluster created again from nothing may, by
+    /// chance, get the same: stop the engines before such a restore, as before any.
+    func checkNotReplaced(runsTable oid: Int64, operation: String) throws {
+        guard oid != runsTable else { return }
+        replaced.store(true, ordering: .relaxed)
+        throw replacedError(operation: operation)
+    }
+
+    /// The error of every call that finds the database replaced (``checkNotReplaced(runsTable:operation:)``).
+    func replacedError(operation: String) -> HopError {
+        HopError(
+            .replaced, operation: operation, path: url.redacted,
+            reason:
+                "Hop's tables in the database were dropped and created again while this process had it open (a backup restored?): what it would write no longer matches the runs there, so it writes nothing more to them",
+            hint:
+                "Start the process again: it resumes every run from the database as it is now. To restore a backup, stop the engines first"
+        )
     }
 
     /// Closes the store's connections. Engines on it must have stopped.

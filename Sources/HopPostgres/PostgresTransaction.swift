@@ -149,9 +149,19 @@ struct PostgresTransaction: Sendable {
 
     /// Locks run `runID` and checks that it is unfinished and, with `owner`, held by that engine.
     func requireUnfinished(_ runID: Int64, owner: String?, operation: String) async throws -> RunRecord {
-        guard let run = try await run(id: runID, locking: true) else {
+        // With the table the row is in: a write to a run is checked against a restored database.
+        guard
+            let found = try await queryOne(
+                "SELECT \(RunRecord.pgColumns), tableoid::bigint FROM runs WHERE id = $1 FOR UPDATE", [.int(runID)],
+                { (run: try RunRecord(pg: $0), table: try $0.int64(RunRecord.pgColumnCount)) })
+        else {
+            // A run this process knows may be missing from a restored database: say so, not "not found".
+            let table = try await queryOne("SELECT \(PostgresStore.runsTableNow)", []) { try $0.int64(0) }
+            try store.checkNotReplaced(runsTable: table ?? store.runsTable, operation: operation)
             throw refuse(.notFound, operation, "run \(runID) does not exist", hint: "List runs with `hopctl status`")
         }
+        try store.checkNotReplaced(runsTable: found.table, operation: operation)
+        let run = found.run
         guard run.status.isUnfinished else {
             throw refuse(
                 .refused, operation,
@@ -311,6 +321,9 @@ extension RunRecord {
     /// The columns ``init(pg:)`` reads, in order.
     static let pgColumns =
         "id, flow, subject, flow_version, status, current_step, current_token, wake_on, owner, lease_expires_at, created_at, updated_at, wake_at"
+
+    /// How many columns ``pgColumns`` names: the index of a column a statement selects after them.
+    static let pgColumnCount = pgColumns.split(separator: ",").count
 
     /// ``pgColumns`` qualified by the table, for a statement that joins `runs` to another.
     static let pgQualifiedColumns = pgColumns.split(separator: ",")

@@ -106,6 +106,7 @@ import Testing
             "HistoryKind.pgStepEnds", #"skipLocked ? " SKIP LOCKED" : """#, #"locking ? " FOR UPDATE" : """#,
             "PostgresStore.serverNow",  // the server's clock, by which leases are measured
             "PostgresStore.serverAge",  // how long ago the server started
+            "Self.runsTableNow", "PostgresStore.runsTableNow",  // the object id of the `runs` table
             "AdvisoryLock.heldOnKey",  // the constant condition that a liveness lock on `k.key` is held
             #"PostgresStore.leaseRunOut(grace: "$4")"#,  // a lease's end, over a placeholder only
             "runColumns",  // a backend's column list of its run records (LatestRuns)

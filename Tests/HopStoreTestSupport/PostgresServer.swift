@@ -204,6 +204,34 @@ public final class PostgresServer: Sendable {
             ], stdin: "\(sql);\n", keepInputOpen: true, directory: directory)
     }
 
+    /// Backs database `database` up as an operator does, with `pg_dump` (its custom format), into
+    /// a new file in the server's folder; returns the file's path, for ``restore(_:into:)``.
+    public func dump(database: String) async throws -> String {
+        let file = folder.path("\(database)-\(UUID().uuidString.prefix(8)).dump")
+        try await run(
+            "pg_dump", ["-h", socketDirectory, "-p", "\(port)", "-U", user, "-Fc", "-f", file, database])
+        return file
+    }
+
+    /// Restores the backup `file` (``dump(database:)``) into database `database` as an operator
+    /// who forgot to stop the engines would. By default `pg_restore --clean` drops the tables the
+    /// backup holds and creates them again with its rows, in one transaction, while clients stay
+    /// connected. `recreating` drops the database first, ending its clients' sessions
+    /// (`DROP DATABASE … WITH (FORCE)`), and creates it again, empty, for `pg_restore`.
+    public func restore(_ file: String, into database: String, recreating: Bool = false) async throws {
+        if recreating {
+            try await psql("DROP DATABASE \"\(database)\" WITH (FORCE)")
+            try await createDatabase(database)
+        }
+        try await run(
+            "pg_restore",
+            [
+                "-h", socketDirectory, "-p", "\(port)", "-U", user, "-d", database, "--single-transaction",
+                "--exit-on-error",
+            ]
+                + (recreating ? [] : ["--clean", "--if-exists"]) + [file])
+    }
+
     /// Creates database `name`, empty.
     public func createDatabase(_ name: String) async throws {
         try await psql("CREATE DATABASE \"\(name)\"")

@@ -80,6 +80,21 @@ package actor TestDatabases {
         return try await started().psql(sql, database: name)
     }
 
+    /// Backs up the database of the test whose folder is `folder` with `pg_dump`
+    /// (``PostgresServer/dump(database:)``); returns the backup's path.
+    package func dump(in folder: TemporaryDirectory) async throws -> String {
+        _ = try await url(for: folder)
+        return try await started().dump(database: names[folder.path("")] ?? "")
+    }
+
+    /// Restores `backup` (``dump(in:)``) into the database of the test whose folder is `folder`:
+    /// with `pg_restore --clean` while its clients stay connected, or into the database dropped
+    /// (its clients' sessions ended) and created again (``PostgresServer/restore(_:into:recreating:)``).
+    package func restore(_ backup: String, in folder: TemporaryDirectory, recreating: Bool = false) async throws {
+        _ = try await url(for: folder)
+        try await started().restore(backup, into: names[folder.path("")] ?? "", recreating: recreating)
+    }
+
     /// The server, started by the first caller; the others wait for it.
     private func started() async throws -> PostgresServer {
         if let server { return try await server.value }

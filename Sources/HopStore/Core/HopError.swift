@@ -39,7 +39,11 @@ public struct HopError: Error, Sendable, CustomStringConvertible {
         /// The database file was removed, or another file put in its place (a backup restored),
         /// while this process had it open: it still reads and writes the file it opened, which
         /// nobody else sees any more, so it writes nothing more. Start the process again: it
-        /// opens the file now at the path.
+        /// opens the file now at the path. On PostgreSQL: Hop's tables were dropped and created
+        /// again (a backup restored with `pg_restore --clean`, a database dropped and restored
+        /// under its name) while this process had the database open; what it knows of its runs
+        /// no longer matches the restored ones, so it writes nothing more to them. Start the
+        /// process again: it resumes every run from the database as it is now.
         public static let replaced = Code("replaced")
         /// The database was created or upgraded by a newer Hop.
         public static let schemaTooNew = Code("schemaTooNew")

@@ -43,7 +43,8 @@ package protocol HopStorage: Sendable {
     func makeIncarnation(label: String) -> Incarnation
     /// A value that changes whenever another process commits to the database. Throws
     /// `.replaced` once the database this storage has open is no longer the one other
-    /// processes open (a file removed, or another put in its place): the engine then stops.
+    /// processes open (a file removed, or another put in its place; on a server, Hop's tables
+    /// created again by a restore, as a write or ``checkSchema()`` found): the engine then stops.
     func changeVersion() async throws -> Int64
     /// Throws `.schemaTooNew` once a newer Hop has upgraded the database's schema past the
     /// version this storage opened it at (an operator's `hopctl migrate`, or the newer daemon,
