@@ -482,18 +482,25 @@ extension PostgresStore: HopStorage {
     /// Releases the runs of owners whose liveness lock no session of the server holds: their
     /// connection, hence their process, is gone.
     ///
-    /// Not within ``graceAfterServerStart`` of the server's start: a restart ends every
-    /// session, so no lock is held until each engine has connected again (with a pause of up to
-    /// 5 s while the server was away). Before, the first engine back took the others' runs in
-    /// flight, and their steps ran again beside the ones still running. Meanwhile a run whose
+    /// Not within ``graceAfterServerStart`` of the server's start (``serverAge``: since an
+    /// engine first found it answering, which a failover resets): a restart or a failover ends
+    /// every session, so no lock is held until each engine has connected again (with a pause of
+    /// up to 5 s while the server was away). Before, the first engine back took the others' runs
+    /// in flight, and their steps ran again beside the ones still running. Meanwhile a run whose
     /// engine died is taken over when its lease expires, or once the grace has passed.
+    ///
+    /// The first look that finds the server not yet seen since it started records it
+    /// (``recordServerStart()``): the grace counts from then.
     @discardableResult
     package func releaseRunsOfDeadIncarnations(except own: Incarnation) async throws -> [(owner: String, runs: Int)] {
-        // One statement, every `deadEngineCheckInterval` of every engine.
-        let dead = try await read(
+        // One statement, every `deadEngineCheckInterval` of every engine; a row without an
+        // owner says that the server was not seen since it started.
+        let found = try await read(
             Self.deadOwnersSQL, [.text(own.id), .int(Self.graceAfterServerStart)],
             operation: "list the engines that are gone"
-        ) { try $0.text(0) }
+        ) { try $0.optionalText(0) }
+        if found.contains(nil) { try await recordServerStart() }
+        let dead = found.compactMap { $0 }
         guard !dead.isEmpty else { return [] }
         var released: [(owner: String, runs: Int)] = []
         for owner in dead {
@@ -510,9 +517,24 @@ extension PostgresStore: HopStorage {
         return released
     }
 
+    /// Records that an engine found the server answering since it started (``serverAge``), once
+    /// per start of the server: the first engine to record it after a restart or a failover
+    /// starts the grace (``graceAfterServerStart``).
+    func recordServerStart() async throws {
+        try await transaction("record the server's start") { tx in
+            try await tx.run(
+                """
+                INSERT INTO server_starts (started_at, first_seen_at) VALUES (pg_postmaster_start_time(), clock_timestamp())
+                ON CONFLICT (started_at) DO NOTHING
+                """)
+        }
+    }
+
     /// The owners of running runs whose liveness lock (key: the owner value's last 16 hex
     /// digits, as ``AdvisoryLock`` takes it) no session of the server holds, but `$1` (the
-    /// engine's own), once the server started more than `$2` ms ago.
+    /// engine's own), once the server started more than `$2` ms ago (``serverAge``); and a
+    /// row whose owner is `NULL` when no engine recorded the server's start yet
+    /// (``recordServerStart()``).
     ///
     /// The owners are found one search of the index by owner after another (the next owner
     /// after the last, until there is none), each kept if it holds a running run: as many
@@ -531,6 +553,8 @@ extension PostgresStore: HopStorage {
             AND \(PostgresStore.serverAge) > $2
             AND EXISTS (SELECT 1 FROM runs r WHERE r.owner = o.owner AND r.status = 'running')
             AND NOT EXISTS (SELECT 1 FROM pg_locks l WHERE \(AdvisoryLock.heldOnKey))
+        UNION ALL
+        SELECT NULL WHERE NOT EXISTS (SELECT 1 FROM server_starts s WHERE s.started_at = pg_postmaster_start_time())
         """
 
     package func claimableRuns(versions: [String: [String]], now: Date, limit: Int) async throws -> [RunRecord] {

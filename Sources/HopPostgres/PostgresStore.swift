@@ -61,19 +61,29 @@ public final class PostgresStore: Sendable {
     /// The channel of change notifications.
     static let channel = "hop_changes"
 
-    /// How long after the server starts no engine is taken for dead for want of its liveness
-    /// lock (``releaseRunsOfDeadIncarnations(except:)``), and no lease is taken as run out
-    /// (``leaseRunOut(grace:)``), in milliseconds: three times the longest pause between two
-    /// tries of an engine to take its lock again (5 s), after which it renews its leases at once
-    /// (``renewLeases(owner:runIDs:until:)``).
+    /// How long after the server starts (``serverAge``) no engine is taken for dead for want of
+    /// its liveness lock (``releaseRunsOfDeadIncarnations(except:)``), and no lease is taken as
+    /// run out (``leaseRunOut(grace:)``), in milliseconds: three times the longest pause between
+    /// two tries of an engine to take its lock again (5 s), after which it renews its leases at
+    /// once (``renewLeases(owner:runIDs:until:)``).
     static let graceAfterServerStart: Int64 = 15_000
 
-    /// How long ago the server started, in milliseconds, as SQL.
-    static let serverAge = "extract(epoch FROM clock_timestamp() - pg_postmaster_start_time()) * 1000"
+    /// How long the server has been the one the engines reach, in milliseconds, as SQL: since an
+    /// engine first found it answering after it started (its row in `server_starts`, written by
+    /// ``releaseRunsOfDeadIncarnations(except:)``), and 0 until one has.
+    ///
+    /// Not since the server's own start (`pg_postmaster_start_time()`), which a failover does
+    /// not reset: a standby promoted to primary started long before, and every engine's
+    /// liveness lock is gone from it until the engine connects to it and takes its lock again.
+    /// Counted from its start, the first engine to connect took the runs of the others as if
+    /// they were dead, while they still ran their steps (`PostgresFailoverTests`).
+    static let serverAge =
+        "extract(epoch FROM clock_timestamp() - coalesce((SELECT s.first_seen_at FROM server_starts s"
+        + " WHERE s.started_at = pg_postmaster_start_time()), clock_timestamp())) * 1000"
 
     /// Whether the lease of a run (a row of `runs`) has run out, as SQL: its end has passed by
-    /// the server's clock, and the server started more than ``graceAfterServerStart`` ago, which
-    /// the statement binds to the placeholder `grace`.
+    /// the server's clock, and an engine first found the server answering (``serverAge``) more
+    /// than ``graceAfterServerStart`` ago, which the statement binds to the placeholder `grace`.
     ///
     /// The server's clock moves on while the server is stopped or restarting, so when it is back
     /// after an outage longer than a lease, every lease of the fleet has run out. Without the

@@ -125,6 +125,47 @@ public final class PostgresServer: Sendable {
         return (server, server.url(database: name))
     }
 
+    /// A standby of this server, as a failover setup keeps one: a copy of its cluster
+    /// (`pg_basebackup -R`, after a checkpoint made at once, not spread over minutes) in a new folder, started, replaying what this server writes as it
+    /// writes it (streaming replication), listening on a socket of its own. ``promote()`` makes
+    /// it the primary.
+    public func standby() async throws -> PostgresServer {
+        let folder = try TemporaryDirectory()
+        if let account = runAs.isEmpty ? nil : getpwnam("postgres") {
+            guard chown(folder.path(""), account.pointee.pw_uid, account.pointee.pw_gid) == 0 else {
+                throw TestFailure(
+                    "cannot give \(folder.path("")) to the postgres user: \(String(cString: strerror(errno)))")
+            }
+        }
+        let standby = PostgresServer(folder: folder, binaries: binaries, runAs: runAs, durable: durable)
+        try await run(
+            "pg_basebackup",
+            [
+                "-h", socketDirectory, "-p", "\(port)", "-U", user, "-D", folder.path("data"), "-R", "-X", "stream",
+                "-c", "fast",
+                "--no-sync",
+            ])
+        try await standby.startAgain()
+        return standby
+    }
+
+    /// Makes this standby (``standby()``) the primary, as a failover does; returns once it is.
+    public func promote() async throws {
+        try await run("pg_ctl", ["-D", folder.path("data"), "-w", "-t", "60", "promote"])
+    }
+
+    /// Stops the server at once, as a crash of its machine would, as far as clients can tell:
+    /// every connection ends and nothing is checkpointed (`pg_ctl stop -m immediate`).
+    public func stopAtOnce() async throws {
+        try await run("pg_ctl", ["-D", folder.path("data"), "-m", "immediate", "-w", "-t", "60", "stop"])
+    }
+
+    /// How long ago the server started, in seconds, by its own clock.
+    public func age() async throws -> Double {
+        let text = try await psql("SELECT extract(epoch FROM now() - pg_postmaster_start_time())")
+        return Double(text.trimmingCharacters(in: .whitespacesAndNewlines)) ?? 0
+    }
+
     /// Starts the server stopped by ``stop()`` (or never started), with its settings; returns once it listens.
     public func startAgain() async throws {
         // Many connections (every test its stores); no fsync unless durable.

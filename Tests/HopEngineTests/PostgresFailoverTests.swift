@@ -1,0 +1,75 @@
+import Foundation
+import HopPostgres
+import HopStore
+import HopTestSupport
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A fleet's server fails over: its standby, which replays everything the primary writes, is
+/// promoted, and the address the engines connect to now reaches it (a virtual IP or a DNS name
+/// moved; here a symbolic link to the server's socket). The failover ends every engine's
+/// connection, so for a moment none holds its liveness lock on the new primary.
+@Suite struct PostgresFailoverTests {
+    /// Daemon A runs a step and is slow to come back after the failover (frozen for its first
+    /// seconds); daemon B is back first. B must not take A's missing lock for A's death: A's
+    /// step runs once, on A, and the run never changes hands. Before, the grace after a server's
+    /// start (15 s) was counted from the start of the server process, and a standby promoted
+    /// after running for longer than that gave none: B took the run over at its first look and
+    /// ran the splash beside A's. Now it counts from when an engine first found the new primary.
+    @Test(.enabled(if: PostgresProcessTests.available))
+    func aFailoverNeverHandsARunInFlightToTheDaemonBackFirst() async throws {
+        let (primary, _) = try await PostgresServer.ofItsOwn(database: "failover")
+        let standby = try await primary.standby()
+        // The address the engines connect to: a socket that is a link to the primary's, then to the standby's.
+        let front = try TemporaryDirectory()
+        func point(to server: PostgresServer) throws {
+            let next = front.path("next")
+            unlink(next)
+            guard symlink(server.folder.path(".s.PGSQL.\(server.port)"), next) == 0,
+                rename(next, front.path(".s.PGSQL.\(server.port)")) == 0
+            else { throw TestFailure("cannot link the front socket: \(String(cString: strerror(errno)))") }
+        }
+        try point(to: primary)
+        let host = front.path("").hasSuffix("/") ? String(front.path("").dropLast()) : front.path("")
+        let url = "postgres://postgres@/failover?host=\(host)"
+
+        let folder = try TemporaryDirectory()
+        let owner = try await PostgresProcessTests.ownerInItsSplash(url: url, in: folder)
+        defer { owner.kill() }
+        let other = try PostgresProcessTests.daemon("B", url: url, in: folder)
+        defer { other.kill() }
+        try await other.waitForOutput("ready")
+        try await waitUntil("the standby replayed A's hop to its splash", timeout: .seconds(60)) {
+            let hops = try? await standby.psql(
+                "SELECT count(*) FROM history WHERE run_id = 1 AND kind = 'hop'", database: "failover")
+            return hops?.trimmingCharacters(in: .whitespacesAndNewlines) == "1"
+        }
+        // Counted from the standby's own start, the grace would be over.
+        try await waitUntil("the standby started more than 16 s ago", timeout: .seconds(60)) {
+            try await standby.age() > 16
+        }
+
+        try await stopEveryThread(of: owner.processIdentifier)
+        defer { owner.kill(SIGCONT) }
+        try await primary.stopAtOnce()
+        try await standby.promote()
+        try point(to: standby)
+        func holders() async throws -> Set<PostgresProcessTests.LockHolder> {
+            Set(try await PostgresProcessTests.livenessLockHolders(on: standby, "failover"))
+        }
+        try await waitUntil("B holds its liveness lock on the new primary", timeout: .seconds(30)) {
+            (try? await holders())?.count == 1
+        }
+        // B looks for engines that are gone every second: before, it took the run at its first look.
+        let back = ContinuousClock.now
+        try await waitUntil("B has looked for 3 s on the new primary") { ContinuousClock.now - back > .seconds(3) }
+        owner.kill(SIGCONT)
+        try await waitUntil("A holds its liveness lock on the new primary", timeout: .seconds(30)) {
+            (try? await holders())?.count == 2
+        }
+        try await PostgresProcessTests.endSplash(of: owner, keptFrom: other, url: url, in: folder)
+    }
+}
