@@ -81,6 +81,9 @@ package final class AdvisoryLock: Sendable {
                     try? await connection.close()
                     throw error
                 }
+                // The grace after a restart or a failover starts with the first engine back. A
+                // failure is no matter: the look for engines that are gone records it too.
+                _ = try? await connection.rows(of: PostgresValue.query(PostgresStore.recordServerStartSQL, []))
                 state.settle(.success(connection))
                 if everHeld && failures.failures == 0 {
                     logger.notice(lockLines.over, metadata: ["hop.lock": "\(key)"])

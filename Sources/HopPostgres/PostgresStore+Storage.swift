@@ -519,16 +519,17 @@ extension PostgresStore: HopStorage {
 
     /// Records that an engine found the server answering since it started (``serverAge``), once
     /// per start of the server: the first engine to record it after a restart or a failover
-    /// starts the grace (``graceAfterServerStart``).
+    /// starts the grace (``graceAfterServerStart``). Each engine records it too as it takes its
+    /// liveness lock (again), the first thing it does on a server back.
     func recordServerStart() async throws {
-        try await transaction("record the server's start") { tx in
-            try await tx.run(
-                """
-                INSERT INTO server_starts (started_at, first_seen_at) VALUES (pg_postmaster_start_time(), clock_timestamp())
-                ON CONFLICT (started_at) DO NOTHING
-                """)
-        }
+        try await transaction("record the server's start") { tx in try await tx.run(Self.recordServerStartSQL) }
     }
+
+    /// The statement of ``recordServerStart()``: one statement, a transaction of its own.
+    static let recordServerStartSQL = """
+        INSERT INTO server_starts (started_at, first_seen_at) VALUES (pg_postmaster_start_time(), clock_timestamp())
+        ON CONFLICT (started_at) DO NOTHING
+        """
 
     /// The owners of running runs whose liveness lock (key: the owner value's last 16 hex
     /// digits, as ``AdvisoryLock`` takes it) no session of the server holds, but `$1` (the
