@@ -48,8 +48,9 @@ extension PostgresStore: HopStorage {
             "SELECT version::bigint, name, \(Self.runsTableNow) FROM hop_migrations ORDER BY version DESC LIMIT 1", [],
             operation: operation
         ) { (newest: (version: Int(try $0.int64(0)), name: try $0.text(1)), table: try $0.int64(2)) }
-        try checkNotReplaced(runsTable: found?.table ?? runsTable, operation: operation)
+        // An upgrade first: a newer migration may create the table again.
         try StorageRules(location: location).checkNotUpgraded(newest: found?.newest, opened: schemaVersion)
+        try checkNotReplaced(runsTable: found?.table ?? runsTable, operation: operation)
     }
 
     // MARK: Durability
