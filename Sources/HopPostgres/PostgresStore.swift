@@ -70,7 +70,8 @@ public final class PostgresStore: Sendable {
 
     /// How long the server has been the one the engines reach, in milliseconds, as SQL: since an
     /// engine first found it answering after it started (its row in `server_starts`, written by
-    /// ``releaseRunsOfDeadIncarnations(except:)``), and 0 until one has.
+    /// ``recordServerStart()`` as an engine takes its liveness lock or looks for engines that are
+    /// gone), and 0 until one has.
     ///
     /// Not since the server's own start (`pg_postmaster_start_time()`), which a failover does
     /// not reset: a standby promoted to primary started long before, and every engine's
