@@ -89,20 +89,7 @@ public final class PostgresServer: Sendable {
             FileHandle.standardError.write(Data("skipping the PostgreSQL tests: \(message)\n".utf8))
             return nil
         }
-        let folder = try TemporaryDirectory()
-        var runAs: [String] = []
-        if geteuid() == 0 {
-            // PostgreSQL refuses to run as root: the cluster belongs to the postgres user.
-            guard let account = getpwnam("postgres") else {
-                throw TestFailure(
-                    "running as root, but there is no postgres user to run PostgreSQL as: run script/setup")
-            }
-            guard chown(folder.path(""), account.pointee.pw_uid, account.pointee.pw_gid) == 0 else {
-                throw TestFailure(
-                    "cannot give \(folder.path("")) to the postgres user: \(String(cString: strerror(errno)))")
-            }
-            runAs = ["/usr/sbin/runuser", "-u", "postgres", "--"]
-        }
+        let (folder, runAs) = try clusterFolder()
         let server = PostgresServer(folder: folder, binaries: binaries, runAs: runAs, durable: durable)
         try await server.run(
             "initdb",
@@ -112,6 +99,22 @@ public final class PostgresServer: Sendable {
             ])
         try await server.startAgain()
         return server
+    }
+
+    /// A new temporary folder for a cluster, and the prefix of the commands that run the
+    /// server's programs. Run as root, the folder is the postgres user's and the programs run as
+    /// that user: PostgreSQL refuses to run as root.
+    private static func clusterFolder() throws -> (folder: TemporaryDirectory, runAs: [String]) {
+        let folder = try TemporaryDirectory()
+        guard geteuid() == 0 else { return (folder, []) }
+        guard let account = getpwnam("postgres") else {
+            throw TestFailure("running as root, but there is no postgres user to run PostgreSQL as: run script/setup")
+        }
+        guard chown(folder.path(""), account.pointee.pw_uid, account.pointee.pw_gid) == 0 else {
+            throw TestFailure(
+                "cannot give \(folder.path("")) to the postgres user: \(String(cString: strerror(errno)))")
+        }
+        return (folder, ["/usr/sbin/runuser", "-u", "postgres", "--"])
     }
 
     /// A server of a test's own, which it may stop, restart or lock without failing other
@@ -126,17 +129,11 @@ public final class PostgresServer: Sendable {
     }
 
     /// A standby of this server, as a failover setup keeps one: a copy of its cluster
-    /// (`pg_basebackup -R`, after a checkpoint made at once, not spread over minutes) in a new folder, started, replaying what this server writes as it
-    /// writes it (streaming replication), listening on a socket of its own. ``promote()`` makes
-    /// it the primary.
+    /// (`pg_basebackup -R`, after a checkpoint made at once, not spread over minutes) in a new
+    /// folder, started, replaying what this server writes as it writes it (streaming
+    /// replication), listening on a socket of its own. ``promote()`` makes it the primary.
     public func standby() async throws -> PostgresServer {
-        let folder = try TemporaryDirectory()
-        if let account = runAs.isEmpty ? nil : getpwnam("postgres") {
-            guard chown(folder.path(""), account.pointee.pw_uid, account.pointee.pw_gid) == 0 else {
-                throw TestFailure(
-                    "cannot give \(folder.path("")) to the postgres user: \(String(cString: strerror(errno)))")
-            }
-        }
+        let (folder, runAs) = try Self.clusterFolder()
         let standby = PostgresServer(folder: folder, binaries: binaries, runAs: runAs, durable: durable)
         try await run(
             "pg_basebackup",

@@ -75,24 +75,26 @@ package actor TestDatabases {
     /// first if it is not yet): data a test writes in bulk, faster than through a store.
     @discardableResult
     package func psql(_ sql: String, in folder: TemporaryDirectory) async throws -> String {
-        _ = try await url(for: folder)
-        let name = names[folder.path("")] ?? ""
-        return try await started().psql(sql, database: name)
+        try await started().psql(sql, database: try await name(for: folder))
     }
 
     /// Backs up the database of the test whose folder is `folder` with `pg_dump`
     /// (``PostgresServer/dump(database:)``); returns the backup's path.
     package func dump(in folder: TemporaryDirectory) async throws -> String {
-        _ = try await url(for: folder)
-        return try await started().dump(database: names[folder.path("")] ?? "")
+        try await started().dump(database: try await name(for: folder))
     }
 
     /// Restores `backup` (``dump(in:)``) into the database of the test whose folder is `folder`:
     /// with `pg_restore --clean` while its clients stay connected, or into the database dropped
     /// (its clients' sessions ended) and created again (``PostgresServer/restore(_:into:recreating:)``).
     package func restore(_ backup: String, in folder: TemporaryDirectory, recreating: Bool = false) async throws {
+        try await started().restore(backup, into: try await name(for: folder), recreating: recreating)
+    }
+
+    /// The name of the database of the test whose folder is `folder`, created empty first if it is not yet.
+    private func name(for folder: TemporaryDirectory) async throws -> String {
         _ = try await url(for: folder)
-        try await started().restore(backup, into: names[folder.path("")] ?? "", recreating: recreating)
+        return names[folder.path("")] ?? ""
     }
 
     /// The server, started by the first caller; the others wait for it.
