@@ -527,7 +527,13 @@ extension PostgresStore: HopStorage {
     }
 
     /// The statement of ``recordServerStart()``: one statement, a transaction of its own.
+    ///
+    /// It removes the rows of the server's earlier starts, which no engine reads again: only
+    /// the current start's row counts (``serverAge``), and a start whose row is missing counts
+    /// as just seen, which only lengthens the grace. The table keeps one row, not one per
+    /// restart or failover for the life of the database.
     static let recordServerStartSQL = """
+        WITH earlier AS (DELETE FROM server_starts WHERE started_at <> pg_postmaster_start_time())
         INSERT INTO server_starts (started_at, first_seen_at) VALUES (pg_postmaster_start_time(), clock_timestamp())
         ON CONFLICT (started_at) DO NOTHING
         """

@@ -72,4 +72,35 @@ import Glibc
         }
         try await PostgresProcessTests.endSplash(of: owner, keptFrom: other, url: url, in: folder)
     }
+
+    /// Each start of the server (a restart, a failover) gives `server_starts` a row. Before, the
+    /// rows of earlier starts were kept for the life of the database; now an engine that records
+    /// the current start removes them, and keeps the current start's row as it was.
+    @Test(.enabled(if: PostgresProcessTests.available))
+    func theRowsOfTheServersEarlierStartsAreRemoved() async throws {
+        let folder = try TemporaryDirectory()
+        let url = try await TestBackend.postgres.location(folder)
+        let store = try await PostgresStore.open(url: url)
+        func psql(_ sql: String) async throws -> String {
+            try await TestDatabases.shared.psql(sql, in: folder).trimmingCharacters(in: .whitespacesAndNewlines)
+        }
+        // Two earlier starts, and the current one first seen long ago.
+        _ = try await psql(
+            """
+            INSERT INTO server_starts (started_at, first_seen_at) VALUES
+                (pg_postmaster_start_time() - interval '2 days', pg_postmaster_start_time() - interval '2 days'),
+                (pg_postmaster_start_time() - interval '1 day', pg_postmaster_start_time() - interval '1 day'),
+                (pg_postmaster_start_time(), '2000-01-01 00:00:00+00')
+            ON CONFLICT (started_at) DO UPDATE SET first_seen_at = EXCLUDED.first_seen_at
+            """)
+        #expect(try await psql("SELECT count(*) FROM server_starts") == "3")
+        // An engine takes its liveness lock and records the server's start: the claim waits for it.
+        let incarnation = store.makeIncarnation(label: "A")
+        #expect(try await store.claim(runID: 1, owner: incarnation.id, until: Date().addingTimeInterval(60)) == nil)
+        let left = try await psql(
+            "SELECT started_at = pg_postmaster_start_time(), extract(year FROM first_seen_at) FROM server_starts")
+        #expect(left == "t|2000", "\(left)")
+        withExtendedLifetime(incarnation) {}
+        await store.close()
+    }
 }
