@@ -47,9 +47,10 @@ import Testing
     }
 
     /// A session stored by another process, with a write that notifies no one (it woke no run),
-    /// expires within a look's second of its time, not before.
+    /// is removed once it expires, not before. (Within a look's second of its time; the test
+    /// waits longer, for a loaded machine, so it checks the removal, not that second.)
     @Test(.enabled(if: PostgresProcessTests.available))
-    func aSessionAnotherProcessStoredExpiresWithinASecondOfItsTime() async throws {
+    func aSessionAnotherProcessStoredWithoutNotifyingIsRemovedOnceItExpires() async throws {
         let folder = try TemporaryDirectory()
         let url = try await TestBackend.postgres.location(folder)
         let store = try await PostgresStore.open(url: url)
