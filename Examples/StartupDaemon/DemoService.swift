@@ -62,6 +62,26 @@ struct DemoService: Service {
         // The last history entry of the run told: a resumed run's past is not told again.
         var narrated = existing?.id == run.id ? past : 0
         var ending = false
+        // Whether this process's engine executes the run: then its events tell what happens.
+        // Otherwise another daemon executes it, or none does and hopctl steers it, and the ticks
+        // tell what the run's row says changed (`updatedAt`), read from its history.
+        var executingHere = false
+        var seen = run.updatedAt
+        /// Tells a history entry of the run, and after the end of the step the run was parked
+        /// on (whoever recorded it) that the run continues.
+        func tell(_ entry: HistoryEntry) {
+            narrator.recorded(entry, subject: subject)
+            narrated = entry.seq
+            if entry.kind == .hop { lastHop = entry.step }
+            if [.unhop, .timeout, .reroute].contains(entry.kind), let step = parkedStep, entry.step == step {
+                narrator.say("\(step) finished: run \(run.id) continues")
+                parkedStep = nil
+            }
+        }
+        /// Tells the entries of the run's history not told yet: what another process recorded.
+        func tellRecordedElsewhere() async throws {
+            for entry in try await store.history(runID: run.id) where entry.seq > narrated { tell(entry) }
+        }
         if run.status == .parked, let step = run.currentStep {
             parkedStep = step
             try await parked(on: step)
@@ -87,21 +107,26 @@ struct DemoService: Service {
                 case .engine(.databaseAnswers):
                     narrator.say("the database answers again")
                 case .engine(.recorded(let reference, let entry)) where reference.id == run.id && entry.seq > narrated:
-                    narrator.recorded(entry, subject: subject)
-                    narrated = entry.seq
-                    if entry.kind == .hop { lastHop = entry.step }
+                    tell(entry)
                 case .engine(.settled(let record)) where record.id == run.id && record.status == .parked:
+                    executingHere = false
+                    seen = record.updatedAt  // told as it happened: no tick need read it
                     if record.currentStep != parkedStep {
                         parkedStep = record.currentStep
                         try await parked(on: record.currentStep ?? "?")
                     }
                 case .engine(.executing(let reference, _)) where reference.id == run.id:
-                    if let step = parkedStep {
+                    executingHere = true
+                    // What ended the parking, when another process recorded it (an operator's
+                    // unhop, a stored session), whether or not a tick told it first.
+                    try await tellRecordedElsewhere()
+                    if let step = parkedStep {  // ended by no entry told: not expected, said all the same
                         narrator.say("\(step) finished: run \(run.id) continues")
                         parkedStep = nil
                     }
                 case .engine(.settled), .tick:
                     // Settled here, or changed elsewhere: a restart is followed, an end is reported.
+                    if case .engine(.settled(let record)) = event, record.id == run.id { executingHere = false }
                     guard let latest = try await store.latestRun(flow: "startup", subject: subject) else { continue }
                     if latest.id != run.id {
                         narrator.say("run \(run.id) was restarted by another process as run \(latest.id): following it")
@@ -109,12 +134,11 @@ struct DemoService: Service {
                         parkedStep = nil
                         narrated = 0
                         ending = false
+                        executingHere = false
+                        seen = latest.updatedAt
                         // What the new run recorded before this look: its events went by while this
                         // service followed the old run.
-                        for entry in try await store.history(runID: run.id) {
-                            narrator.recorded(entry, subject: subject)
-                            narrated = entry.seq
-                        }
+                        try await tellRecordedElsewhere()
                         if let current = try await store.run(id: run.id), current.status == .parked,
                             let step = current.currentStep
                         {
@@ -122,6 +146,15 @@ struct DemoService: Service {
                             try await parked(on: step)
                         }
                         continue
+                    }
+                    if latest.status.isUnfinished && !executingHere && latest.updatedAt != seen {
+                        // Moved on elsewhere: told as it is stored, a parking with what finishes it.
+                        seen = latest.updatedAt
+                        try await tellRecordedElsewhere()
+                        if latest.status == .parked, let step = latest.currentStep, step != parkedStep {
+                            parkedStep = step
+                            try await parked(on: step)
+                        }
                     }
                     if !latest.status.isUnfinished && !ending {
                         // Once this engine has settled the run, its events are all queued: tell them first.
@@ -132,9 +165,7 @@ struct DemoService: Service {
                 case .end:
                     guard let latest = try await store.run(id: run.id) else { continue }
                     // What another process recorded (this one's entries were told as they came).
-                    for entry in try await store.history(runID: run.id) where entry.seq > narrated {
-                        narrator.recorded(entry, subject: subject)
-                    }
+                    try await tellRecordedElsewhere()
                     outcome.status.withLock { $0 = latest.status }
                     try await summary(latest)
                     return

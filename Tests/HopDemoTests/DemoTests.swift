@@ -276,6 +276,44 @@ import Testing
         #expect(first.stdout.components(separatedBy: "hop    -> main").count == 2, "\(first.stdout)")
     }
 
+    /// Two copies on one database: whichever executes the run, each tells it as it goes, and
+    /// says what finishes the step it parks on next. Before, the copy that did not execute it
+    /// went on saying that the run waited at onboarding, and what to type to finish it, while
+    /// the run waited at login; it told the rest only once the run had ended.
+    @Test func aRunMovedOnByAnotherDaemonIsToldAsItGoes() async throws {
+        let folder = try TemporaryDirectory()
+        let first = try ChildProcess("hop-demo", ["--db", folder.database], directory: folder)
+        defer { first.kill() }
+        try await first.waitForOutput("parked at onboarding")
+        let second = try ChildProcess("hop-demo", ["--db", folder.database], directory: folder)
+        defer { second.kill() }
+        try await second.waitForOutput("resuming run 1 of startup for default at onboarding")
+        #expect(
+            try await run(
+                "hopctl", ["unhop", "--flow", "startup", "--step", "onboarding", "--db", folder.database], in: folder
+            ).status == 0)
+        for demo in [first, second] { try await demo.waitForOutput("waiting for a login") }
+        #expect(
+            try await run("hopctl", ["session", "login", "alice", "--db", folder.database], in: folder).status == 0)
+        for demo in [first, second] {
+            #expect(try await demo.waitForExit(timeout: .seconds(30)) == 0, "\(demo.stdout)\(demo.stderr)")
+            // Each line once, in the run's order.
+            let told = [
+                "onboarding finished: run 1 continues", "hop    -> login", "parked at login",
+                "login finished: run 1 continues",
+                "hop    -> main", "run 1 is completed",
+            ]
+            let at = told.map { line in demo.stdout.range(of: line)?.lowerBound }
+            #expect(
+                at.allSatisfy { $0 != nil }
+                    && at == at.sorted { ($0 ?? demo.stdout.endIndex) < ($1 ?? demo.stdout.endIndex) }, "\(demo.stdout)"
+            )
+            for line in told {
+                #expect(demo.stdout.components(separatedBy: line).count == 2, "\(line): \(demo.stdout)")
+            }
+        }
+    }
+
     @Test func aRunThatFailsEndsTheDemoWithANonZeroStatus() async throws {
         let folder = try TemporaryDirectory()
         let demo = try ChildProcess("hop-demo", ["--db", folder.database], directory: folder)
