@@ -140,4 +140,63 @@ import Testing
         }
         #expect(second.stdout.contains("started 3"), "the daemon started again did not resume its runs")
     }
+
+    /// A board without a real-time clock is restarted while its daemon's runs wait (a step in
+    /// process with a timeout of 10 s, a durable sleep of 10 s, a parked step with a timeout of
+    /// 10 s), and boots with its clock an hour behind (a saved time, restored), until NTP sets it
+    /// right. Deadlines of an earlier boot go by the wall clock: each must end 10 s after it
+    /// began, once the clock is right. Before, the step's timeout and the sleep, waited for in
+    /// process, were measured once, by the clock as it stood when the daemon resumed them: they
+    /// would have ended an hour late (only the parked step, which the engine's watch looks at
+    /// every poll, ended on time).
+    @Test func deadlinesOfAnEarlierBootEndOnTimeOnceNTPSetsAClockThatBootedBehind() async throws {
+        let folder = try TemporaryDirectory()
+        let clock = try ClockSkew.Stepper(in: folder)
+        let environment = try await clock.environment(in: folder).merging(["HOP_TEST_WORK_TIMEOUT": "10"]) { $1 }
+        let arguments = ["--db", folder.database, "--mixed", "3", "--lease", "60"]
+        let launched = ContinuousClock.now
+        let first = try ChildProcess(
+            "hop-test-daemon", arguments, environment: environment, keepInputOpen: true, directory: folder)
+        defer { first.kill() }
+        try await first.waitForOutput("started 3", timeout: .seconds(30))
+        let started = ContinuousClock.now
+        first.kill()
+        try await first.waitForExit()
+        // The restart: the leases and deadlines kept by the uptime clock are of an earlier boot now.
+        let moved = try await run("hop-test-store", ["earlier-boot", folder.database], in: folder)
+        #expect(moved.status == 0, "\(moved.stderr)")
+        try clock.step(to: -3600)
+        let store = try await HopStore.open(path: folder.database)
+        var runs: [RunRecord] = []
+        for subject in ["mixed-0", "mixed-1", "mixed-2"] {
+            runs.append(try #require(try await store.latestRun(flow: "mixed", subject: subject)))
+        }
+        let second = try ChildProcess(
+            "hop-test-daemon", arguments, environment: environment, keepInputOpen: true, directory: folder)
+        defer { second.kill() }
+        // Once it waits again for the step's timeout and the sleep (told just before), NTP steps the clock.
+        try await second.waitForOutput("napping", timeout: .seconds(30))
+        try await waitUntil("the step in process is entered again", timeout: .seconds(30)) {
+            bodyLines(in: folder).filter { $0 == "\(runs[0].id) work" }.count == 2
+        }
+        try clock.step(to: 0)
+
+        var ended: [String: ContinuousClock.Instant] = [:]
+        try await waitUntil("every deadline passes", timeout: .seconds(60)) {
+            for (what, run) in zip(
+                ["the step in process timed out", "the sleep ended", "the parked step timed out"], runs)
+            where ended[what] == nil {
+                let history = try await store.history(runID: run.id)
+                if history.contains(where: { $0.kind == .timeout || ($0.kind == .hop && $0.step == "done") }) {
+                    ended[what] = ContinuousClock.now
+                }
+            }
+            return ended.count == runs.count
+        }
+        for (what, at) in ended {
+            #expect(at - launched >= .seconds(9.5), "\(what) \(at - launched) after the daemon was first launched")
+            // An hour late before; 30 s leaves a loaded machine room.
+            #expect(at - started <= .seconds(30), "\(what) \(at - started) after its runs started: late")
+        }
+    }
 }

@@ -275,7 +275,9 @@ do {
         Flow("mixed", version: "1") { flow in
             switch flow.subject.split(separator: "-").last.flatMap({ Int($0) }).map({ $0 % 3 }) {
             case 0: try await flow.hop(to: "work", timeout: workTimeout)
-            case 1: try await flow.sleep(for: mixedWait ?? .seconds(10), name: "nap")
+            case 1:
+                say("napping")
+                try await flow.sleep(for: mixedWait ?? .seconds(10), name: "nap")
             default: try await flow.hop(to: "wait", timeout: mixedWait ?? .seconds(10))
             }
             try await flow.hop(to: "done")

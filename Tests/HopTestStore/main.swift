@@ -26,6 +26,9 @@ import Synchronization
 //                                       than this build has (a table "later"); prints the schema version
 //        hop-test-store no-auto-vacuum PATH
 //                                       rewrites the database without auto-vacuum, as Hop 0.1 created it
+//        hop-test-store earlier-boot PATH
+//                                       moves every lease and deadline kept by the uptime clock to
+//                                       another boot, as if the machine had restarted since
 // HOP_TEST_UMASK=<octal> sets the process's umask first.
 
 if let mask = ProcessInfo.processInfo.environment["HOP_TEST_UMASK"], let value = mode_t(mask, radix: 8) {
@@ -49,6 +52,22 @@ if arguments.count == 6, arguments[1] == "set-history-step", let run = Int64(arg
         exit(1)
     }
     sqlite3_finalize(statement)
+    sqlite3_close(db)
+    exit(0)
+}
+if arguments.count == 3, arguments[1] == "earlier-boot" {
+    var db: OpaquePointer?
+    let sql = """
+        BEGIN IMMEDIATE;
+        UPDATE runs SET lease_boot = CASE lease_boot WHEN 1 THEN 2 ELSE 1 END WHERE lease_boot IS NOT NULL;
+        UPDATE runs SET wake_boot = CASE wake_boot WHEN 1 THEN 2 ELSE 1 END WHERE wake_boot IS NOT NULL;
+        UPDATE history SET deadline_boot = CASE deadline_boot WHEN 1 THEN 2 ELSE 1 END WHERE deadline_boot IS NOT NULL;
+        COMMIT;
+        """
+    guard sqlite3_open(arguments[2], &db) == SQLITE_OK, sqlite3_exec(db, sql, nil, nil, nil) == SQLITE_OK else {
+        FileHandle.standardError.write(Data("cannot move the database to another boot\n".utf8))
+        exit(1)
+    }
     sqlite3_close(db)
     exit(0)
 }

@@ -6,14 +6,19 @@ import Tracing
 /// it unhops, times out or fails; an external step parks the run.
 extension RunExecutor {
     /// Enters `step`, whose hop is recorded with `token`, and returns how it ended, in a span
-    /// of its own (the step's body runs in its context).
+    /// of its own (the step's body runs in its context). `deadlineByTheWallClock`: the deadline
+    /// was read from a hop that says so (``HistoryEntry/deadlineGoesByTheWallClock``).
     @inline(never)
-    func enter(step: String, token: String, deadline: Date?, isReentry: Bool) async throws -> StepOutput {
+    func enter(
+        step: String, token: String, deadline: Date?, deadlineByTheWallClock: Bool = false, isReentry: Bool
+    ) async throws -> StepOutput {
         let span = startStepSpan(step, isReentry: isReentry)
         defer { span.end() }
         do {
             let output = try await InstrumentationContext.$current.withValue(span.context) {
-                try await enter(step: step, token: token, deadline: deadline, isReentry: isReentry, span: span)
+                try await enter(
+                    step: step, token: token, deadline: deadline.map { ($0, deadlineByTheWallClock) },
+                    isReentry: isReentry, span: span)
             }
             Self.outcome(of: span, endedWith: output)
             return output
@@ -25,7 +30,7 @@ extension RunExecutor {
 
     @inline(never)
     private func enter(
-        step: String, token: String, deadline: Date?, isReentry: Bool, span: any Span
+        step: String, token: String, deadline: (Date, byTheWallClock: Bool)?, isReentry: Bool, span: any Span
     ) async throws -> StepOutput {
         let registration = try inProcessStep(step)
         var attempt = 1
@@ -141,27 +146,28 @@ extension RunExecutor {
     /// first (the body's task is then cancelled).
     @inline(never)
     private func runStep(
-        _ factory: @escaping @Sendable () -> any HopStep, _ context: StepContext, until deadline: Date?
+        _ factory: @escaping @Sendable () -> any HopStep, _ context: StepContext,
+        until deadline: (Date, byTheWallClock: Bool)?
     ) async throws -> Bool {
         guard let deadline else {
             try await onThePool { try await factory().run(context) }
             return true
         }
-        return try await runStep(factory, context, racing: deadline)
+        return try await runStep(factory, context, racing: deadline.0, byTheWallClock: deadline.byTheWallClock)
     }
 
     @inline(never)
     private func runStep(
-        _ factory: @escaping @Sendable () -> any HopStep, _ context: StepContext, racing deadline: Date
+        _ factory: @escaping @Sendable () -> any HopStep, _ context: StepContext, racing deadline: Date,
+        byTheWallClock: Bool
     ) async throws -> Bool {
-        let wait = deadline.timeIntervalSince(storage.now())  // the deadline is by the storage's clock
-        return try await withThrowingTaskGroup(of: Bool.self) { group in
+        try await withThrowingTaskGroup(of: Bool.self) { group in
             group.addTask(executorPreference: poolPreference) {
                 try await factory().run(context)
                 return true
             }
             group.addTask {
-                if wait > 0 { try await Task.sleep(for: RunExecutor.sleepDuration(seconds: wait)) }
+                try await self.wait(until: deadline, byTheWallClock: byTheWallClock)
                 return false
             }
             defer { group.cancelAll() }

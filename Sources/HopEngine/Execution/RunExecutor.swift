@@ -122,9 +122,10 @@ final class RunExecutor: FlowExecution {
         switch try replay.withLock({ try $0.consumeHop(to: step) }) {
         case .ended(let output):
             return output
-        case .inFlight(let token, let deadline):
+        case .inFlight(let token, let deadline, let byTheWallClock):
             // In flight when the run stopped: enter it again, with the deadline it had.
-            return try await enter(step: step, token: token, deadline: deadline, isReentry: true)
+            return try await enter(
+                step: step, token: token, deadline: deadline, deadlineByTheWallClock: byTheWallClock, isReentry: true)
         case .new:
             let (token, deadline) = try await recordHop(to: step, timeout: timeout, transition: transition)
             return try await enter(step: step, token: token, deadline: deadline, isReentry: false)
@@ -170,18 +171,43 @@ final class RunExecutor: FlowExecution {
     /// A durable sleep: the deadline is recorded, or replayed.
     func sleep(for duration: Duration, name: String) async throws {
         let deadline: Date
+        var byTheWallClock = false
         if let recorded = try replay.withLock({ try $0.consume(.timer, name) }),
             let recordedDeadline = recorded.deadline
         {
             deadline = recordedDeadline
+            byTheWallClock = recorded.deadlineGoesByTheWallClock
         } else {
             deadline = storage.now().addingTimeInterval(duration.timeInterval)
             try await record(.timer(name: name, deadline: deadline), durability: .now)
         }
-        let wait = deadline.timeIntervalSince(storage.now())
-        if wait > 0 {
+        if deadline > storage.now() {
             try await writeHeldUnhop()  // a replayed timer writes nothing: the last step's end goes first
-            try await Task.sleep(for: Self.sleepDuration(seconds: wait))
+            try await wait(until: deadline, byTheWallClock: byTheWallClock)
+        }
+    }
+
+    /// How often a wait for a deadline that goes by the wall clock reads the clock again.
+    static let wallClockLook = Duration.seconds(1)
+
+    /// Waits until `deadline` by the storage's clock (a durable sleep's, a step's timeout).
+    ///
+    /// A deadline of this process, or of this boot (kept by the uptime clock), or a server's is
+    /// waited for at once on the monotonic clock, which a step of the wall clock does not move.
+    /// One that goes `byTheWallClock` (``HistoryEntry/deadlineGoesByTheWallClock``: a file's,
+    /// written in an earlier boot) is waited for a second at a time, the clock read again each
+    /// time, so that it comes when the clock says once NTP has set a clock that booted stale.
+    /// Before, a sleep or a step's timeout resumed on a device that booted with its clock an
+    /// hour behind lasted an hour too long, however soon NTP set the clock right.
+    func wait(until deadline: Date, byTheWallClock: Bool) async throws {
+        var remaining = deadline.timeIntervalSince(storage.now())
+        guard byTheWallClock else {
+            if remaining > 0 { try await Task.sleep(for: Self.sleepDuration(seconds: remaining)) }
+            return
+        }
+        while remaining > 0 {
+            try await Task.sleep(for: Self.sleepDuration(seconds: min(remaining, Self.wallClockLook.timeInterval)))
+            remaining = deadline.timeIntervalSince(storage.now())
         }
     }
 

@@ -24,7 +24,8 @@ struct Replay {
         /// The hop and its end: the step is not entered again; the body gets the recorded output.
         case ended(StepOutput)
         /// The hop only: the step was in flight when the run stopped; it is entered again.
-        case inFlight(token: String, deadline: Date?)
+        /// `byTheWallClock`: ``HistoryEntry/deadlineGoesByTheWallClock``.
+        case inFlight(token: String, deadline: Date?, byTheWallClock: Bool)
         /// Nothing: the history is used up, this is a new hop.
         case new
     }
@@ -69,7 +70,8 @@ struct Replay {
         guard let hop = try consume(.hop, step) else { return .new }
         lastStep = step
         guard position < history.count, history[position].kind.endsStep else {
-            return .inFlight(token: hop.token ?? "", deadline: hop.deadline)
+            return .inFlight(
+                token: hop.token ?? "", deadline: hop.deadline, byTheWallClock: hop.deadlineGoesByTheWallClock)
         }
         let end = history[position]
         guard end.token == hop.token else { throw diverged(asked: "the end of '\(step)'") }

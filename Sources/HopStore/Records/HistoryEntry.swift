@@ -12,6 +12,13 @@ public struct HistoryEntry: Sendable, Equatable, Codable {
     public var seq: Int64
     /// What the entry records.
     public var kind: HistoryKind
+    /// Whether ``deadline`` goes by this machine's wall clock as it now stands, which NTP may
+    /// step later (a board without a real-time clock boots with a stale time): a file's deadline
+    /// written in an earlier boot, or where the boot is unknown. A deadline of this boot is kept
+    /// by the uptime clock, and a server's by the server's clock. How this machine reads the
+    /// entry, not part of it: neither compared nor encoded. (Here, beside `kind`, it takes no
+    /// room: the padding after `kind` holds it.)
+    package var deadlineGoesByTheWallClock = false
     /// The step (hop, unhop, transition, error) or the decision or effect name.
     public var step: String?
     /// The hop's token (hop, unhop).
@@ -20,6 +27,15 @@ public struct HistoryEntry: Sendable, Equatable, Codable {
     public var value: String?
     /// When it was committed.
     public var at: Date
+
+    private enum CodingKeys: String, CodingKey {
+        case runID, seq, kind, step, token, value, at
+    }
+
+    public static func == (lhs: HistoryEntry, rhs: HistoryEntry) -> Bool {
+        lhs.runID == rhs.runID && lhs.seq == rhs.seq && lhs.kind == rhs.kind && lhs.step == rhs.step
+            && lhs.token == rhs.token && lhs.value == rhs.value && lhs.at == rhs.at
+    }
 }
 
 extension HistoryEntry {

@@ -61,11 +61,16 @@ extension HistoryEntry {
         value = row.optionalText(5)
         at = Clock.date(row.int64(6))
         // A deadline kept by the uptime clock in this boot (schema 11) reads as the time by the
-        // wall clock as it now stands, which a step of the wall clock moves along with now.
-        if let uptime = row.optionalInt64(8), value != nil, kind == .timer || kind == .hop,
-            let deadline = UptimeClock.machine.wallClockTime(uptime: uptime, boot: row.optionalInt64(7))
-        {
-            value = HistoryEntry.deadlineValue(kind, milliseconds: Clock.milliseconds(deadline))
+        // wall clock as it now stands, which a step of the wall clock moves along with now. One
+        // of an earlier boot (or of no known boot) goes by the wall clock itself.
+        if value != nil, kind == .timer || kind == .hop {
+            if let uptime = row.optionalInt64(8),
+                let deadline = UptimeClock.machine.wallClockTime(uptime: uptime, boot: row.optionalInt64(7))
+            {
+                value = HistoryEntry.deadlineValue(kind, milliseconds: Clock.milliseconds(deadline))
+            } else {
+                deadlineGoesByTheWallClock = true
+            }
         }
     }
 }
