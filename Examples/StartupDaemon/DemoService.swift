@@ -82,10 +82,19 @@ struct DemoService: Service {
         func tellRecordedElsewhere() async throws {
             for entry in try await store.history(runID: run.id) where entry.seq > narrated { tell(entry) }
         }
-        if run.status == .parked, let step = run.currentStep {
+        // The parking last told, by its hop's token: the engine's event and a tick may both come
+        // for one parking, in either order, and the event after its step has ended (it was queued).
+        var toldParking: String?
+        /// Tells that the run, as `record` says, is parked, once per parking, with what ends it.
+        func parking(_ record: RunRecord) async throws {
+            guard record.status == .parked, let step = record.currentStep else { return }
+            let parking = record.currentToken ?? step
+            guard parking != toldParking else { return }
+            toldParking = parking
             parkedStep = step
             try await parked(on: step)
         }
+        try await parking(run)
         // The run may be changed by other processes, which send this one no event. One tick
         // waits at a time: a look slower than the ticks (a database that makes each one wait,
         // then fails it) must not queue more, or what the engine says would wait behind them.
@@ -111,10 +120,7 @@ struct DemoService: Service {
                 case .engine(.settled(let record)) where record.id == run.id && record.status == .parked:
                     executingHere = false
                     seen = record.updatedAt  // told as it happened: no tick need read it
-                    if record.currentStep != parkedStep {
-                        parkedStep = record.currentStep
-                        try await parked(on: record.currentStep ?? "?")
-                    }
+                    try await parking(record)
                 case .engine(.executing(let reference, _)) where reference.id == run.id:
                     executingHere = true
                     // What ended the parking, when another process recorded it (an operator's
@@ -139,22 +145,14 @@ struct DemoService: Service {
                         // What the new run recorded before this look: its events went by while this
                         // service followed the old run.
                         try await tellRecordedElsewhere()
-                        if let current = try await store.run(id: run.id), current.status == .parked,
-                            let step = current.currentStep
-                        {
-                            parkedStep = step
-                            try await parked(on: step)
-                        }
+                        if let current = try await store.run(id: run.id) { try await parking(current) }
                         continue
                     }
                     if latest.status.isUnfinished && !executingHere && latest.updatedAt != seen {
                         // Moved on elsewhere: told as it is stored, a parking with what finishes it.
                         seen = latest.updatedAt
                         try await tellRecordedElsewhere()
-                        if latest.status == .parked, let step = latest.currentStep, step != parkedStep {
-                            parkedStep = step
-                            try await parked(on: step)
-                        }
+                        try await parking(latest)
                     }
                     if !latest.status.isUnfinished && !ending {
                         // Once this engine has settled the run, its events are all queued: tell them first.
