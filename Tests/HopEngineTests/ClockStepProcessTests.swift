@@ -117,12 +117,31 @@ import Testing
         defer { second.kill() }
 
         let store = try await HopStore.open(path: folder.database)
+        let runs = try await Self.mixedRuns(in: store)
+        // Late by the step back would be 5 min; 30 s leaves a loaded machine room (16 s was seen).
+        try await Self.expectEachDeadlineEndsOnTime(
+            runs, in: store, launched: launched, started: started, within: .seconds(40))
+        #expect(second.stdout.contains("started 3"), "the daemon started again did not resume its runs")
+    }
+
+    /// The runs of `--mixed 3`: the step in process, the sleep, the parked step.
+    private static func mixedRuns(in store: HopStore) async throws -> [RunRecord] {
         var runs: [RunRecord] = []
         for subject in ["mixed-0", "mixed-1", "mixed-2"] {
             runs.append(try #require(try await store.latestRun(flow: "mixed", subject: subject)))
         }
+        return runs
+    }
+
+    /// Waits until each deadline of the `--mixed 3` runs has passed (within `timeout`), and
+    /// checks that each passed 10 s after it began: not before the first daemon was
+    /// `launched` + 9.5 s, and within 30 s of when its runs had `started`.
+    private static func expectEachDeadlineEndsOnTime(
+        _ runs: [RunRecord], in store: HopStore, launched: ContinuousClock.Instant, started: ContinuousClock.Instant,
+        within timeout: Duration
+    ) async throws {
         var ended: [String: ContinuousClock.Instant] = [:]
-        try await waitUntil("every deadline passes", timeout: .seconds(40)) {
+        try await waitUntil("every deadline passes", timeout: timeout) {
             for (what, run) in zip(
                 ["the step in process timed out", "the sleep ended", "the parked step timed out"], runs)
             where ended[what] == nil {
@@ -135,10 +154,8 @@ import Testing
         }
         for (what, at) in ended {
             #expect(at - launched >= .seconds(9.5), "\(what) \(at - launched) after the daemon was first launched")
-            // Late by the step back would be 5 min; 30 s leaves a loaded machine room (16 s was seen).
             #expect(at - started <= .seconds(30), "\(what) \(at - started) after its runs started: late")
         }
-        #expect(second.stdout.contains("started 3"), "the daemon started again did not resume its runs")
     }
 
     /// A board without a real-time clock is restarted while its daemon's runs wait (a step in
@@ -167,10 +184,7 @@ import Testing
         #expect(moved.status == 0, "\(moved.stderr)")
         try clock.step(to: -3600)
         let store = try await HopStore.open(path: folder.database)
-        var runs: [RunRecord] = []
-        for subject in ["mixed-0", "mixed-1", "mixed-2"] {
-            runs.append(try #require(try await store.latestRun(flow: "mixed", subject: subject)))
-        }
+        let runs = try await Self.mixedRuns(in: store)
         let second = try ChildProcess(
             "hop-test-daemon", arguments, environment: environment, keepInputOpen: true, directory: folder)
         defer { second.kill() }
@@ -180,23 +194,8 @@ import Testing
             bodyLines(in: folder).filter { $0 == "\(runs[0].id) work" }.count == 2
         }
         try clock.step(to: 0)
-
-        var ended: [String: ContinuousClock.Instant] = [:]
-        try await waitUntil("every deadline passes", timeout: .seconds(60)) {
-            for (what, run) in zip(
-                ["the step in process timed out", "the sleep ended", "the parked step timed out"], runs)
-            where ended[what] == nil {
-                let history = try await store.history(runID: run.id)
-                if history.contains(where: { $0.kind == .timeout || ($0.kind == .hop && $0.step == "done") }) {
-                    ended[what] = ContinuousClock.now
-                }
-            }
-            return ended.count == runs.count
-        }
-        for (what, at) in ended {
-            #expect(at - launched >= .seconds(9.5), "\(what) \(at - launched) after the daemon was first launched")
-            // An hour late before; 30 s leaves a loaded machine room.
-            #expect(at - started <= .seconds(30), "\(what) \(at - started) after its runs started: late")
-        }
+        // An hour late before; 30 s leaves a loaded machine room.
+        try await Self.expectEachDeadlineEndsOnTime(
+            runs, in: store, launched: launched, started: started, within: .seconds(60))
     }
 }
