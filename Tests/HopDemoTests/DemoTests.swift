@@ -251,16 +251,37 @@ import Testing
         #expect(demo.stdout.contains("run 2 is completed"), "\(demo.stdout)")
     }
 
+    /// Two copies of the demo on the database in `folder`: the first parked at onboarding, the
+    /// second resuming that run beside it. Both are killed if the second does not get there.
+    private static func twoCopiesAtOnboarding(
+        in folder: TemporaryDirectory
+    ) async throws -> (first: ChildProcess, second: ChildProcess) {
+        let first = try ChildProcess("hop-demo", ["--db", folder.database], directory: folder)
+        do {
+            try await first.waitForOutput("parked at onboarding")
+            let second = try ChildProcess("hop-demo", ["--db", folder.database], directory: folder)
+            do {
+                try await second.waitForOutput("resuming run 1 of startup for default at onboarding")
+            } catch {
+                second.kill()
+                throw error
+            }
+            return (first, second)
+        } catch {
+            first.kill()
+            throw error
+        }
+    }
+
     @Test func aRunFinishedByAnotherDaemonIsReportedAndBothExitZero() async throws {
         let folder = try TemporaryDirectory()
-        let first = try ChildProcess("hop-demo", ["--db", folder.database], directory: folder)
-        defer { first.kill() }
-        try await first.waitForOutput("parked at onboarding")
-        // A second copy on the same database waits beside it; then the first is stopped, and
-        // the second finishes the run when an operator unhops it.
-        let second = try ChildProcess("hop-demo", ["--db", folder.database], directory: folder)
-        defer { second.kill() }
-        try await second.waitForOutput("resuming run 1 of startup for default at onboarding")
+        // A second copy on the same database waits beside the first; then the first is stopped,
+        // and the second finishes the run when an operator unhops it.
+        let (first, second) = try await Self.twoCopiesAtOnboarding(in: folder)
+        defer {
+            first.kill()
+            second.kill()
+        }
         try await freeze(first, betweenCommitsOn: folder.database)
         #expect(
             try await run(
@@ -282,12 +303,11 @@ import Testing
     /// the run waited at login; it told the rest only once the run had ended.
     @Test func aRunMovedOnByAnotherDaemonIsToldAsItGoes() async throws {
         let folder = try TemporaryDirectory()
-        let first = try ChildProcess("hop-demo", ["--db", folder.database], directory: folder)
-        defer { first.kill() }
-        try await first.waitForOutput("parked at onboarding")
-        let second = try ChildProcess("hop-demo", ["--db", folder.database], directory: folder)
-        defer { second.kill() }
-        try await second.waitForOutput("resuming run 1 of startup for default at onboarding")
+        let (first, second) = try await Self.twoCopiesAtOnboarding(in: folder)
+        defer {
+            first.kill()
+            second.kill()
+        }
         #expect(
             try await run(
                 "hopctl", ["unhop", "--flow", "startup", "--step", "onboarding", "--db", folder.database], in: folder

@@ -101,14 +101,8 @@ import Testing
     func deadlinesReadBackAfterARestartEndOnTimeWhenTheClockWasStepped(seconds: Int) async throws {
         let folder = try TemporaryDirectory()
         let clock = try ClockSkew.Stepper(in: folder)
-        let environment = try await clock.environment(in: folder).merging(["HOP_TEST_WORK_TIMEOUT": "10"]) { $1 }
-        let arguments = ["--db", folder.database, "--mixed", "3", "--lease", "60"]
-        let launched = ContinuousClock.now
-        let first = try ChildProcess(
-            "hop-test-daemon", arguments, environment: environment, keepInputOpen: true, directory: folder)
+        let (first, arguments, environment, launched, started) = try await Self.mixedDaemon(in: folder, clock: clock)
         defer { first.kill() }
-        try await first.waitForOutput("started 3", timeout: .seconds(30))
-        let started = ContinuousClock.now
         try clock.step(to: seconds)
         first.kill()
         try await first.waitForExit()
@@ -122,6 +116,30 @@ import Testing
         try await Self.expectEachDeadlineEndsOnTime(
             runs, in: store, launched: launched, started: started, within: .seconds(40))
         #expect(second.stdout.contains("started 3"), "the daemon started again did not resume its runs")
+    }
+
+    /// A `--mixed 3` daemon (a step in process timing out after 10 s, a sleep of 10 s, a parked
+    /// step timing out after 10 s) whose wall clock `clock` steps, once its runs wait ("started
+    /// 3"); with what starts it again, and when it was launched and its runs had started. It is
+    /// killed if its runs do not get there.
+    private static func mixedDaemon(
+        in folder: TemporaryDirectory, clock: ClockSkew.Stepper
+    ) async throws -> (
+        daemon: ChildProcess, arguments: [String], environment: [String: String], launched: ContinuousClock.Instant,
+        started: ContinuousClock.Instant
+    ) {
+        let environment = try await clock.environment(in: folder).merging(["HOP_TEST_WORK_TIMEOUT": "10"]) { $1 }
+        let arguments = ["--db", folder.database, "--mixed", "3", "--lease", "60"]
+        let launched = ContinuousClock.now
+        let daemon = try ChildProcess(
+            "hop-test-daemon", arguments, environment: environment, keepInputOpen: true, directory: folder)
+        do {
+            try await daemon.waitForOutput("started 3", timeout: .seconds(30))
+        } catch {
+            daemon.kill()
+            throw error
+        }
+        return (daemon, arguments, environment, launched, ContinuousClock.now)
     }
 
     /// The runs of `--mixed 3`: the step in process, the sleep, the parked step.
@@ -169,14 +187,8 @@ import Testing
     @Test func deadlinesOfAnEarlierBootEndOnTimeOnceNTPSetsAClockThatBootedBehind() async throws {
         let folder = try TemporaryDirectory()
         let clock = try ClockSkew.Stepper(in: folder)
-        let environment = try await clock.environment(in: folder).merging(["HOP_TEST_WORK_TIMEOUT": "10"]) { $1 }
-        let arguments = ["--db", folder.database, "--mixed", "3", "--lease", "60"]
-        let launched = ContinuousClock.now
-        let first = try ChildProcess(
-            "hop-test-daemon", arguments, environment: environment, keepInputOpen: true, directory: folder)
+        let (first, arguments, environment, launched, started) = try await Self.mixedDaemon(in: folder, clock: clock)
         defer { first.kill() }
-        try await first.waitForOutput("started 3", timeout: .seconds(30))
-        let started = ContinuousClock.now
         first.kill()
         try await first.waitForExit()
         // The restart: the leases and deadlines kept by the uptime clock are of an earlier boot now.
