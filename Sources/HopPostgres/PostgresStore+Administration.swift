@@ -12,9 +12,13 @@ extension PostgresStore: HopAdministration {
             [.int(bound.limit)] + bound.texts.map(PostgresValue.text), operation: "list runs", RunRecord.init(pg:))
     }
 
-    /// ``LatestRuns/sql(flow:subject:status:marker:runColumns:)`` with PostgreSQL's parameters (`$1`, `$2`, …).
+    /// ``LatestRuns/sql(flow:subject:status:marker:runColumns:)`` with PostgreSQL's parameters (`$1`, `$2`, …),
+    /// each lease ending no sooner than the grace after the server's start
+    /// (``RunRecord/pgColumnsJudgingLeases``): `hopctl status` says a lease is live while no
+    /// engine may take the run.
     package static func latestRunsSQL(flow: Bool, subject: Bool, status: RunStatus?) -> String {
-        LatestRuns.sql(flow: flow, subject: subject, status: status, marker: "$", runColumns: RunRecord.pgColumns)
+        LatestRuns.sql(
+            flow: flow, subject: subject, status: status, marker: "$", runColumns: RunRecord.pgColumnsJudgingLeases)
     }
 
     package func stepEntries(runIDs: [Int64]) async throws -> [Int64: Int64] {

@@ -248,7 +248,8 @@ import Testing
     /// between tries after a long outage). Another daemon back first must not take its run as
     /// expired: the owner renews its lease as soon as it holds its liveness lock again, and no
     /// lease is taken as expired in the first 15 s of a server. Before, B took the run over as
-    /// soon as it was back, and the splash ran a second time beside the first.
+    /// soon as it was back, and the splash ran a second time beside the first. Meanwhile
+    /// `hopctl status` says A's lease is live, as it is to every engine (before, "expired").
     @Test(.enabled(if: available))
     func aServerStoppedForLongerThanALeaseNeverHandsARunInFlightToTheDaemonBackFirst() async throws {
         let (server, url) = try await PostgresServer.ofItsOwn(database: "outage")
@@ -277,6 +278,13 @@ import Testing
         try await waitUntil("B has polled for 3 s") {
             ContinuousClock.now - started > .seconds(3)
         }
+        // A's lease ended by the server's clock while the server was away, and A is still frozen.
+        let status = try await run("hopctl", ["status", "--json", "--db", url], in: folder)
+        #expect(status.status == 0, "\(status.stderr)")
+        let shown = try #require(
+            try JSONSerialization.jsonObject(with: Data(status.stdout.utf8)) as? [[String: Any]], "\(status.stdout)")
+        let first = try #require(shown.first { $0["run"] as? Int == 1 }, "\(status.stdout)")
+        #expect(first["lease_live"] as? Bool == true, "A's lease shown as run out in the grace: \(first)")
         owner.kill(SIGCONT)
         try await waitUntil("A holds its liveness lock again", timeout: .seconds(30)) {
             (try? await holders())?.count == 2
