@@ -6,19 +6,32 @@ extension PostgresStore: HopAdministration {
     package func runs(flow: String?, subject: String?, status: RunStatus?, limit: Int) async throws -> [RunRecord] {
         if let flow { try validate(flow, as: "flow name") }
         if let subject { try validate(subject, as: "subject") }
-        let bound = LatestRuns.arguments(flow: flow, subject: subject, status: status, limit: limit)
         return try await read(
             Self.latestRunsSQL(flow: flow != nil, subject: subject != nil, status: status),
-            [.int(bound.limit)] + bound.texts.map(PostgresValue.text), operation: "list runs", RunRecord.init(pg:))
+            Self.latestRunsValues(flow: flow, subject: subject, status: status, limit: limit), operation: "list runs",
+            RunRecord.init(pg:))
     }
 
     /// ``LatestRuns/sql(flow:subject:status:marker:runColumns:)`` with PostgreSQL's parameters (`$1`, `$2`, …),
     /// each lease ending no sooner than the grace after the server's start
-    /// (``RunRecord/pgColumnsJudgingLeases``): `hopctl status` says a lease is live while no
-    /// engine may take the run.
+    /// (``RunRecord/pgColumnsJudgingLeases(grace:)``): `hopctl status` says a lease is live while
+    /// no engine may take the run. Its values: ``latestRunsValues(flow:subject:status:limit:)``.
     package static func latestRunsSQL(flow: Bool, subject: Bool, status: RunStatus?) -> String {
-        LatestRuns.sql(
-            flow: flow, subject: subject, status: status, marker: "$", runColumns: RunRecord.pgColumnsJudgingLeases)
+        // The grace's placeholder follows those of LatestRuns.
+        let bound = LatestRuns.arguments(flow: flow ? "" : nil, subject: subject ? "" : nil, status: status, limit: 0)
+        let grace = "$" + String(bound.texts.count + 2)
+        return LatestRuns.sql(
+            flow: flow, subject: subject, status: status, marker: "$",
+            runColumns: RunRecord.pgColumnsJudgingLeases(grace: grace))
+    }
+
+    /// The values of ``latestRunsSQL(flow:subject:status:)``'s parameters, in order: those of
+    /// ``LatestRuns/arguments(flow:subject:status:limit:)``, then the grace after the server's start.
+    package static func latestRunsValues(
+        flow: String?, subject: String?, status: RunStatus?, limit: Int
+    ) -> [PostgresValue] {
+        let bound = LatestRuns.arguments(flow: flow, subject: subject, status: status, limit: limit)
+        return [.int(bound.limit)] + bound.texts.map(PostgresValue.text) + [.int(graceAfterServerStart)]
     }
 
     package func stepEntries(runIDs: [Int64]) async throws -> [Int64: Int64] {

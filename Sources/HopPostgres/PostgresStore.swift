@@ -82,14 +82,13 @@ public final class PostgresStore: Sendable {
         "extract(epoch FROM clock_timestamp() - coalesce((SELECT s.first_seen_at FROM server_starts s"
         + " WHERE s.started_at = pg_postmaster_start_time()), clock_timestamp())) * 1000"
 
-    /// When the grace after the server's start (``graceAfterServerStart``) ends, in milliseconds
-    /// since the Unix epoch, as SQL: a lease whose end has passed runs out then, not before
-    /// (``leaseRunOut(grace:)``). `NULL` until an engine records the server's start: no engine is
-    /// back to hold a run yet, and the grace starts with the first (which `greatest` then ignores,
-    /// so a listing shows the lease's stored end).
-    static let graceEnd =
-        "((SELECT (extract(epoch FROM s.first_seen_at) * 1000)::bigint FROM server_starts s"
-        + " WHERE s.started_at = pg_postmaster_start_time()) + \(graceAfterServerStart))"
+    /// When an engine first found the server answering since it started (its row in
+    /// `server_starts`), in milliseconds since the Unix epoch, as SQL; `NULL` until one has
+    /// (``serverAge``). A lease whose end has passed runs out ``graceAfterServerStart`` after it,
+    /// not before (``leaseRunOut(grace:)``).
+    static let serverFirstSeen =
+        "(SELECT (extract(epoch FROM s.first_seen_at) * 1000)::bigint FROM server_starts s"
+        + " WHERE s.started_at = pg_postmaster_start_time())"
 
     /// Whether the lease of a run (a row of `runs`) has run out, as SQL: its end has passed by
     /// the server's clock, and an engine first found the server answering (``serverAge``) more

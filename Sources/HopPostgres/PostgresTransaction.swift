@@ -323,17 +323,20 @@ extension RunRecord {
         "id, flow, subject, flow_version, status, current_step, current_token, wake_on, owner, lease_expires_at, created_at, updated_at, wake_at"
 
     /// ``pgColumns`` with each lease's end as the store judges leases (``PostgresStore/leaseRunOut(grace:)``):
-    /// not before the grace after the server's start has passed, once an engine is back on the
-    /// server (``PostgresStore/graceEnd``). For listings an operator reads
-    /// (`hopctl status`): after a restart or a failover longer than a lease, every lease's end has
-    /// passed by the server's clock, yet no engine takes the run until its owner had the grace to
-    /// renew it. Read as it is stored, such a lease showed "expired" for those seconds, while its
-    /// owner still held the run and ran its step.
-    static let pgColumnsJudgingLeases = pgColumns.replacingOccurrences(
-        of: "lease_expires_at",
-        with:
-            "CASE WHEN lease_expires_at IS NULL THEN NULL ELSE greatest(lease_expires_at, \(PostgresStore.graceEnd)) END"
-    )
+    /// not before the grace after the server's start (the placeholder `grace`, bound to
+    /// ``PostgresStore/graceAfterServerStart``) has passed, once an engine is back on the server
+    /// (``PostgresStore/serverFirstSeen``). For listings an operator reads (`hopctl status`):
+    /// after a restart or a failover longer than a lease, every lease's end has passed by the
+    /// server's clock, yet no engine takes the run until its owner had the grace to renew it.
+    /// Read as it is stored, such a lease showed "expired" for those seconds, while its owner
+    /// still held the run and ran its step.
+    static func pgColumnsJudgingLeases(grace: String) -> String {
+        // `greatest` ignores a NULL: before an engine is back, the lease's stored end.
+        let judged =
+            "CASE WHEN lease_expires_at IS NULL THEN NULL ELSE greatest(lease_expires_at, "
+            + PostgresStore.serverFirstSeen + " + " + grace + ") END"
+        return pgColumns.replacingOccurrences(of: "lease_expires_at", with: judged)
+    }
 
     /// How many columns ``pgColumns`` names: the index of a column a statement selects after them.
     static let pgColumnCount = pgColumns.split(separator: ",").count

@@ -26,11 +26,10 @@ import Testing
             for subject in [false, true] {
                 for status in [nil] + RunStatus.allCases {
                     let what = "flow \(flow), subject \(subject), status \(status?.rawValue ?? "-")"
-                    let bound = LatestRuns.arguments(
-                        flow: flow ? "startup" : nil, subject: subject ? "kiosk" : nil, status: status, limit: 10)
                     let plan = try await store.explain(
                         PostgresStore.latestRunsSQL(flow: flow, subject: subject, status: status),
-                        [.int(bound.limit)] + bound.texts.map(PostgresValue.text)
+                        PostgresStore.latestRunsValues(
+                            flow: flow ? "startup" : nil, subject: subject ? "kiosk" : nil, status: status, limit: 10)
                     ).joined(separator: "\n")
                     #expect(!plan.contains("Seq Scan"), "\(what):\n\(plan)")
                     if let status, status.isUnfinished {
