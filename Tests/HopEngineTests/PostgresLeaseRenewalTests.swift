@@ -107,7 +107,9 @@ import Testing
         let first = try await lockStatement()
         #expect(first.hasPrefix("WITH earlier AS (DELETE FROM server_starts") || first == "SELECT 1", "\(first)")
         // The store listens once open: until its listener's keep-alive, its last statement is `LISTEN`.
-        try await waitUntil("both connections run a keep-alive statement", timeout: .seconds(45)) {
+        // Each comes 30 s after its connection opened: under the whole suite on 2 cores, 27 s
+        // after this wait began, against a deadline of 45 s then.
+        try await waitUntil("both connections run a keep-alive statement", timeout: .seconds(90)) {
             let listening = try await psql(
                 """
                 SELECT count(*) FROM pg_stat_activity

@@ -302,7 +302,9 @@ import Testing
         of owner: ChildProcess, keptFrom other: ChildProcess, url: String, in folder: TemporaryDirectory
     ) async throws {
         owner.closeInput()
-        try await owner.waitForOutput("parked onboarding")
+        // After an outage, A's pool connects again only after its pause between tries, which
+        // grows to a minute: the write waited 20 s under the whole suite, against 30 s then.
+        try await owner.waitForOutput("parked onboarding", timeout: .seconds(120))
         let store = try await PostgresStore.open(url: url)
         defer { Task { await store.close() } }
         let history = try await store.history(runID: 1)

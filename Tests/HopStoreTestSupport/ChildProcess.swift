@@ -132,14 +132,18 @@ public final class ChildProcess: Sendable {
 
     /// Waits until the process ends, at most `timeout`; returns its exit status.
     @discardableResult
-    public func waitForExit(timeout: Duration = .seconds(60)) async throws -> Int32 {
-        try await waitUntil("\(executable) ends", timeout: timeout) { self.exitStatus != nil }
+    public func waitForExit(
+        timeout: Duration = .seconds(60), file: StaticString = #fileID, line: UInt = #line
+    ) async throws -> Int32 {
+        try await waitUntil("\(executable) ends", timeout: timeout, file: file, line: line) { self.exitStatus != nil }
         return exitStatus ?? -1
     }
 
     /// Waits until standard output contains `text`, at most `timeout`.
-    public func waitForOutput(_ text: String, timeout: Duration = .seconds(30)) async throws {
-        try await waitUntil("\(executable) prints \"\(text)\"", timeout: timeout) {
+    public func waitForOutput(
+        _ text: String, timeout: Duration = .seconds(30), file: StaticString = #fileID, line: UInt = #line
+    ) async throws {
+        try await waitUntil("\(executable) prints \"\(text)\"", timeout: timeout, file: file, line: line) {
             if self.stdout.contains(text) { return true }
             if self.exitStatus != nil {
                 throw TestFailure(
@@ -154,10 +158,11 @@ public final class ChildProcess: Sendable {
 /// Runs a built product to its end and returns its exit status, standard output and standard error.
 public func run(
     _ executable: String, _ arguments: [String], environment: [String: String] = [:], stdin: String? = nil,
-    in directory: TemporaryDirectory, timeout: Duration = .seconds(60)
+    in directory: TemporaryDirectory, timeout: Duration = .seconds(60), file: StaticString = #fileID,
+    line: UInt = #line
 ) async throws -> (status: Int32, stdout: String, stderr: String) {
     let child = try ChildProcess(executable, arguments, environment: environment, stdin: stdin, directory: directory)
-    let status = try await child.waitForExit(timeout: timeout)
+    let status = try await child.waitForExit(timeout: timeout, file: file, line: line)
     return (status, child.stdout, child.stderr)
 }
 

@@ -18,13 +18,26 @@ public struct TestFailure: Error, CustomStringConvertible {
 /// runs a few hundred waits at once: looking every 5 ms, they woke the test process thousands
 /// of times a second, on 2-core virtual machines whose idle cores halt (each wake-up an exit to
 /// the host).
+///
+/// A condition that held only after half the deadline is said on standard error ("slow wait",
+/// with where the wait is): a full run's log shows the deadlines a loaded machine comes near,
+/// before one is missed.
 public func waitUntil(
-    _ what: String, timeout: Duration = .seconds(30), _ condition: () async throws -> Bool
+    _ what: String, timeout: Duration = .seconds(30), file: StaticString = #fileID, line: UInt = #line,
+    _ condition: () async throws -> Bool
 ) async throws {
-    let deadline = ContinuousClock.now.advanced(by: timeout)
+    let started = ContinuousClock.now
+    let deadline = started.advanced(by: timeout)
     var pause = Duration.milliseconds(1)
     while true {
-        if try await condition() { return }
+        if try await condition() {
+            let waited = ContinuousClock.now - started
+            if waited * 2 > timeout {
+                FileHandle.standardError.write(
+                    Data("slow wait at \(file):\(line): \(what): \(waited) of \(timeout)\n".utf8))
+            }
+            return
+        }
         if ContinuousClock.now >= deadline {
             throw TestFailure("timed out after \(timeout) waiting until \(what)")
         }
