@@ -480,7 +480,7 @@ import Testing
         storage.fail(renewal, times: failures)
         // Until the engine says so, or (without that line) a second renewal succeeded after them.
         try await HopStoreTestSupport.waitUntil("renewals succeed after the failures", timeout: .seconds(60)) {
-            let renewals = storage.trace.components(separatedBy: ", ").filter { $0.hasPrefix(renewal) }
+            let renewals = storage.trace(of: renewal)
             let succeeded = renewals.reversed().prefix { $0 == renewal }.count
             return storage.pendingFaults(renewal) == 0
                 && (succeeded >= 2 || (succeeded == 1 && logs.texts().contains { $0.contains("renewed again") }))
@@ -509,7 +509,7 @@ import Testing
         defer { service.cancel() }
         let renewal = "renewLeases(owner:runIDs:until:)"
         storage.fail(renewal, times: 1)
-        func renewals() -> [String] { storage.trace.components(separatedBy: ", ").filter { $0.hasPrefix(renewal) } }
+        func renewals() -> [String] { storage.trace(of: renewal) }
         try await HopStoreTestSupport.waitUntil("the first renewal failed", timeout: .seconds(80)) {
             !renewals().isEmpty
         }

@@ -365,16 +365,15 @@ import Testing
         }
 
         // 20 polls take at least 19 of the shortest interval (a loaded machine only takes longer).
-        func count(_ call: String) -> Int { storage.trace.components(separatedBy: call).count - 1 }
         let began = ContinuousClock.now
-        let polls = count("changeVersion()")
-        let renewals = count("renewLeases(")
+        let polls = storage.calls("changeVersion()")
+        let renewals = storage.calls("renewLeases(owner:runIDs:until:)")
         try await waitUntil("the watch polls 20 times more", timeout: .seconds(60)) {
-            count("changeVersion()") >= polls + 20
+            storage.calls("changeVersion()") >= polls + 20
         }
         let took = ContinuousClock.now - began
         #expect(took >= HopEngine.Configuration.shortestPollInterval * 19, "20 polls in \(took)")
-        let renewed = count("renewLeases(") - renewals
+        let renewed = storage.calls("renewLeases(owner:runIDs:until:)") - renewals
         #expect(Double(renewed) <= took / HopEngine.Configuration.shortestLeaseDuration * 3 + 2, "\(renewed) renewals")
     }
 }

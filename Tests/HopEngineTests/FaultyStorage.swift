@@ -19,6 +19,11 @@ final class FaultyStorage: HopStorage {
         var injected = 0
         /// The calls in order, the failed ones marked.
         var trace: [String] = []
+        /// The calls of each name in order, the failed ones marked: what a test counts while it
+        /// waits, without going through the whole trace (at a poll every 5–10 ms, tens of
+        /// thousands of calls on a loaded machine, joined and split at every look of a wait:
+        /// the waits then took the test process's threads from the engines they waited for).
+        var byName: [String: [String]] = [:]
         /// What the releases wait for before they reach the database, if anything.
         var heldReleases: Gate?
     }
@@ -51,6 +56,12 @@ final class FaultyStorage: HopStorage {
     /// The calls so far in order, each failed one marked "(failed)": for a test's message.
     var trace: String { faults.withLock { $0.trace.joined(separator: ", ") } }
 
+    /// How many calls named `call` succeeded so far.
+    func calls(_ call: String) -> Int { faults.withLock { $0.byName[call]?.count { $0 == call } ?? 0 } }
+
+    /// The calls named `call` so far in order, each failed one marked "(failed)".
+    func trace(of call: String) -> [String] { faults.withLock { $0.byName[call] ?? [] } }
+
     private func check(_ call: String = #function) throws {
         let failure: HopError.Code? = faults.withLock { faults in
             faults.calls += 1
@@ -62,10 +73,12 @@ final class FaultyStorage: HopStorage {
                 code = faults.codes[call] ?? code
             } else {
                 faults.trace.append(call)
+                faults.byName[call, default: []].append(call)
                 return nil
             }
             faults.injected += 1
             faults.trace.append(call + " (failed)")
+            faults.byName[call, default: []].append(call + " (failed)")
             return code
         }
         if let failure {

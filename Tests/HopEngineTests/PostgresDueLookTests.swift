@@ -29,16 +29,17 @@ import Testing
             storage: storage, logger: Self.quiet, configuration: .init(pollInterval: .milliseconds(10)))
         engine.register(Flow("f", version: "1") { flow in try await flow.hop(to: "work") })
         engine.register(step: "work") { _ in }
-        func calls(_ name: String) -> Int { storage.trace.split(separator: ", ").count { $0 == name } }
         let service = Task { try await engine.run() }
         defer { service.cancel() }
         // Long deadlines against a hang, for a loaded machine: the count is per second of the window.
-        try await waitUntil("the watch polled 20 times", timeout: .seconds(180)) { calls("dueTimeouts(now:)") >= 20 }
+        try await waitUntil("the watch polled 20 times", timeout: .seconds(180)) {
+            storage.calls("dueTimeouts(now:)") >= 20
+        }
         let looksBefore = store.dueLooks.load(ordering: .relaxed)
         let started = ContinuousClock.now
-        let pollsBefore = calls("dueTimeouts(now:)")
+        let pollsBefore = storage.calls("dueTimeouts(now:)")
         try await waitUntil("the watch polled 200 times more", timeout: .seconds(180)) {
-            calls("dueTimeouts(now:)") >= pollsBefore + 200
+            storage.calls("dueTimeouts(now:)") >= pollsBefore + 200
         }
         let looks = store.dueLooks.load(ordering: .relaxed) - looksBefore
         let seconds = Int((ContinuousClock.now - started) / .seconds(1))
