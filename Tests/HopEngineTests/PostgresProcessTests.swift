@@ -302,9 +302,7 @@ import Testing
         of owner: ChildProcess, keptFrom other: ChildProcess, url: String, in folder: TemporaryDirectory
     ) async throws {
         owner.closeInput()
-        // After an outage, A's pool connects again only after its pause between tries, which
-        // grows to a minute: the write waited 20 s under the whole suite, against 30 s then.
-        try await owner.waitForOutput("parked onboarding", timeout: .seconds(120))
+        try await owner.waitForOutput("parked onboarding")
         let store = try await PostgresStore.open(url: url)
         defer { Task { await store.close() } }
         let history = try await store.history(runID: 1)
@@ -338,7 +336,9 @@ import Testing
         try await server.startAgain()
         let other = try Self.daemon("B", url: url, in: folder)
         defer { other.kill() }
-        try await other.waitForOutput("parked onboarding")
+        // B takes the run only once the grace has passed (15 s), and then runs the splash:
+        // about 20 s under the whole suite, against the default deadline of 30 s.
+        try await other.waitForOutput("parked onboarding", timeout: .seconds(90))
         let store = try await PostgresStore.open(url: url)
         defer { Task { await store.close() } }
         let history = try await store.history(runID: 1)
