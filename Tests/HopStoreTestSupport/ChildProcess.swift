@@ -139,9 +139,10 @@ public final class ChildProcess: Sendable {
         return exitStatus ?? -1
     }
 
-    /// Waits until standard output contains `text`, at most `timeout`.
+    /// Waits until standard output contains `text`, at most `timeout` (a minute by default, as
+    /// ``waitUntil(_:timeout:file:line:_:)``).
     public func waitForOutput(
-        _ text: String, timeout: Duration = .seconds(30), file: StaticString = #fileID, line: UInt = #line
+        _ text: String, timeout: Duration = .seconds(60), file: StaticString = #fileID, line: UInt = #line
     ) async throws {
         try await waitUntil("\(executable) prints \"\(text)\"", timeout: timeout, file: file, line: line) {
             if self.stdout.contains(text) { return true }

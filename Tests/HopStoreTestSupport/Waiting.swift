@@ -9,9 +9,10 @@ public struct TestFailure: Error, CustomStringConvertible {
 /// Waits until `condition` holds and fails after `timeout`.
 ///
 /// The deadline only keeps a failing test from hanging: a test that asserts how soon something
-/// happens measures it, never with this deadline. None sets one under the default: at the suite's
+/// happens measures it, never with this deadline. None sets one under 30 s: at the suite's
 /// busiest (its first minutes, both cores taken), a daemon's start or an engine's durable hop
-/// has been seen to take over 10 s.
+/// has been seen to take 15 s. The default is a minute: a failing test waits longer, a passing
+/// one no longer.
 ///
 /// It looks again after a millisecond, then twice as long each time, up to every 40 ms: a
 /// condition that holds at once is seen at once, and a long wait costs few wake-ups. The suite
@@ -23,7 +24,7 @@ public struct TestFailure: Error, CustomStringConvertible {
 /// with where the wait is): a full run's log shows the deadlines a loaded machine comes near,
 /// before one is missed.
 public func waitUntil(
-    _ what: String, timeout: Duration = .seconds(30), file: StaticString = #fileID, line: UInt = #line,
+    _ what: String, timeout: Duration = .seconds(60), file: StaticString = #fileID, line: UInt = #line,
     _ condition: () async throws -> Bool
 ) async throws {
     let started = ContinuousClock.now
