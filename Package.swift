@@ -156,6 +156,11 @@ let package = Package(
             ],
             path: "Tests/HopTestFaults"
         ),
+        .executableTarget(
+            name: "hop-test-blocking",
+            dependencies: ["HopEngine", "HopTestSupport", .product(name: "Logging", package: "swift-log")],
+            path: "Tests/HopTestBlocking"
+        ),
         .target(
             name: "HopStoreTestSupport",
             dependencies: [
@@ -178,7 +183,7 @@ let package = Package(
             name: "HopEngineTests",
             dependencies: [
                 "HopEngine", "HopTesting", "HopTestSupport", "HopPostgres", "hop-test-daemon", "hopctl",
-                "hopctl-postgres", "hop-demo",
+                "hopctl-postgres", "hop-demo", "hop-test-blocking",
                 // Only to make the pool's errors that HopPostgres recognizes (PostgresErrorTests).
                 .product(name: "_ConnectionPoolModule", package: "postgres-nio"),
                 .product(name: "PostgresNIO", package: "postgres-nio"),

@@ -382,30 +382,17 @@ struct CacheError: Error, CustomStringConvertible {
     var description: String { "the cache is unreadable" }
 }
 
-// Serialized: each case blocks one of the cooperative pool's threads (two on two cores) for a
-// moment; the other runs the test and the other flow.
-@Suite(.serialized) struct WhereCodeRunsTests {
-    /// Code of the daemon's that blocks its thread, as synchronous I/O would.
-    final class Blocker: Sendable {
-        let entered = Atomic<Bool>(false)
-        let released = Atomic<Bool>(false)
-        let returned = Atomic<Bool>(false)
-
-        /// Blocks the calling thread until released (2 minutes at most: a loaded machine may
-        /// take seconds to run the other flow, and only a failing test waits this out).
-        func block() {
-            entered.store(true, ordering: .relaxed)
-            let deadline = ContinuousClock.now.advanced(by: .seconds(120))
-            while !released.load(ordering: .relaxed) && ContinuousClock.now < deadline { usleep(1_000) }
-            returned.store(true, ordering: .relaxed)
-        }
-    }
-
+/// Daemon code that blocks its thread, beside another run.
+@Suite struct WhereCodeRunsTests {
     /// A flow body runs on the SQLite store's thread while few runs execute, on the pool when
     /// many do (`crowded`: 8 runs wait in a step); a step, a `decide` read and a transition hook
     /// are the daemon's code and run on the cooperative pool either way, and so does the code
     /// that called `engine.start` once the start returns (`caller`). If any of them ran on the
     /// store's thread, blocking it would stop every other run's reads and records until it returned.
+    ///
+    /// Each case runs in a process of its own (`hop-test-blocking`), whose pool has two threads
+    /// on two cores: blocking one of the test process's left every other test one thread while
+    /// the case lasted, and their engines' polls came tens of seconds late.
     @Test(arguments: ["step", "decision", "transition", "caller"], [false, true])
     func daemonCodeThatBlocksItsThreadDoesNotHoldUpAnotherRunsDatabaseWork(
         blocking: String, crowded: Bool
@@ -413,60 +400,15 @@ struct CacheError: Error, CustomStringConvertible {
         async throws
     {
         let folder = try TemporaryDirectory()
-        let engine = HopEngine(
-            storage: try await TestBackend.sqlite.open(folder),
-            logger: Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() }))
-        let blocker = Blocker()
-        defer { blocker.released.store(true, ordering: .relaxed) }
-        let crowd = Gate()
-        defer { crowd.open() }
-        if crowded {
-            engine.register(Flow("crowd", version: "1") { flow in try await flow.hop(to: "wait") })
-            engine.register(step: "wait") { _ in await crowd.wait() }
-            for index in 0..<HopEngine.bodiesBesideTheStoreBelow {
-                _ = try await engine.start("crowd", subject: "crowd-\(index)")
-            }
-        }
-        engine.register(
-            Flow(
-                "blocking", version: "1",
-                transition: { _ in
-                    if blocking == "transition" { blocker.block() }
-                }
-            ) { flow in
-                _ = try await flow.decide("slow") { () -> Bool in
-                    if blocking == "decision" { blocker.block() }
-                    return true
-                }
-                try await flow.hop(to: "slow")
-            })
-        engine.register(step: "slow") { _ in
-            if blocking == "step" { blocker.block() }
-        }
-        engine.register(
-            Flow("quick", version: "1") { flow in
-                if try await flow.isFirstUse("tour") { try await flow.markUsed("tour") }
-                try await flow.hop(to: "instant")
-            })
-        engine.register(step: "instant") { _ in }
-
-        let slow = Task {
-            let run = try await engine.start("blocking", subject: "a")
-            // The caller's own code, once the start returned: here it blocks its thread.
-            if blocking == "caller" { blocker.block() }
-            return run
-        }
-        try await waitUntil("the blocking code runs") {
-            blocker.entered.load(ordering: .relaxed)
-        }
-        let quick = try await engine.start("quick", subject: "b")
-        let settled = try await engine.settled(runID: quick.id)
-        #expect(settled?.status == .completed)
-        let stillBlocked = !blocker.returned.load(ordering: .relaxed)
-        #expect(stillBlocked, "the quick run completed only after the blocking code returned")
-        blocker.released.store(true, ordering: .relaxed)
-        #expect(try await engine.settled(runID: slow.value.id)?.status == .completed)
-        crowd.open()
+        let ran = try await run(
+            "hop-test-blocking", ["--db", folder.database, "--blocking", blocking] + (crowded ? ["--crowded"] : []),
+            in: folder, timeout: .seconds(180))
+        #expect(ran.status == 0, "\(ran.stdout)\(ran.stderr)")
+        #expect(ran.stdout.contains("blocking\n"), "the blocking code never ran: \(ran.stdout)\(ran.stderr)")
+        #expect(
+            ran.stdout.contains("quick completed while blocked"),
+            "the quick run completed only after the blocking code returned: \(ran.stdout)\(ran.stderr)")
+        #expect(ran.stdout.contains("blocking run completed"), "\(ran.stdout)\(ran.stderr)")
     }
 }
 
