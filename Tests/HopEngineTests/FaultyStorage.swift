@@ -20,9 +20,8 @@ final class FaultyStorage: HopStorage {
         /// The calls in order, the failed ones marked.
         var trace: [String] = []
         /// The calls of each name in order, the failed ones marked: what a test counts while it
-        /// waits, without going through the whole trace (at a poll every 5–10 ms, tens of
-        /// thousands of calls on a loaded machine, joined and split at every look of a wait:
-        /// the waits then took the test process's threads from the engines they waited for).
+        /// waits, without joining and splitting the whole trace at every look of the wait (at a
+        /// poll every 5–10 ms, tens of thousands of calls by the end of a long wait).
         var byName: [String: [String]] = [:]
         /// What the releases wait for before they reach the database, if anything.
         var heldReleases: Gate?
