@@ -56,7 +56,10 @@ import Testing
         let fleet = try await Fleet(backend: backend, lease: 2)
         defer { fleet.killAll() }
         var thaws: [Task<Void, Never>] = []
-        try await fleet.run { index in
+        // Two minutes: with leases of 2 s, engines slowed by the whole suite on 2 cores renew
+        // late and runs change hands again and again. Once on CI (the file), runs were left
+        // after a minute; the message says which and where, should one be stuck.
+        try await fleet.run(completion: .seconds(120)) { index in
             let engine = fleet.engines[index]
             engine.kill(SIGSTOP)
             let frozenFor = Duration.milliseconds(Int.random(in: 500...5000))
@@ -119,8 +122,9 @@ import Testing
 
         /// Starts the runs evenly over ``period`` (each claimed by whichever engine hears first),
         /// calls `disrupt` with a random engine every 0.5–1 s until ``period`` has passed and
-        /// ``disruptions`` were made, then waits for every run to complete, within a minute.
-        func run(disrupt: (Int) async throws -> Void) async throws {
+        /// ``disruptions`` were made, then waits for every run to complete, within `completion`
+        /// (a minute unless told otherwise).
+        func run(completion: Duration = .seconds(60), disrupt: (Int) async throws -> Void) async throws {
             var started = 0
             var disrupted = 0
             let begin = ContinuousClock.now
@@ -146,9 +150,22 @@ import Testing
                 // The pace of arrivals and disruptions, not a wait for an outcome.
                 try await Task.sleep(for: .milliseconds(20))
             }
-            try await waitUntil("every run completed", timeout: .seconds(60)) {
-                let runs = try await self.store.runs(flow: "startup", subject: nil, limit: 1000)
-                return runs.count == self.subjects && runs.allSatisfy { $0.status == .completed }
+            do {
+                try await waitUntil("every run completed", timeout: completion) {
+                    let runs = try await self.store.runs(flow: "startup", subject: nil, limit: 1000)
+                    return runs.count == self.subjects && runs.allSatisfy { $0.status == .completed }
+                }
+            } catch let failure as TestFailure {
+                // Which runs did not complete, and where each one is: a stuck run, or a slow fleet.
+                let runs = try await store.runs(flow: "startup", subject: nil, limit: 1000)
+                let open = runs.filter { $0.status != .completed }.prefix(20).map { run in
+                    "run \(run.id) \(run.status.rawValue) at \(run.currentStep ?? "-"), held by "
+                        + "\(run.ownerLabel ?? "none") until \(run.leaseExpiresAt.map { "\($0)" } ?? "-")"
+                }
+                let alive = engines.map { $0.exitStatus.map { "exited \($0)" } ?? "running" }
+                throw TestFailure(
+                    "\(failure) (\(runs.count) runs, engines \(alive), now \(Date())):\n"
+                        + open.joined(separator: "\n"))
             }
         }
 
