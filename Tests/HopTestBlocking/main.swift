@@ -34,10 +34,6 @@ final class Blocker: Sendable {
     }
 }
 
-struct Failure: Error, CustomStringConvertible {
-    let description: String
-}
-
 func say(_ line: String) {
     FileHandle.standardOutput.write(Data((line + "\n").utf8))
 }
@@ -52,12 +48,12 @@ func main() async throws {
         case "--db": path = arguments.popFirst()
         case "--blocking": which = arguments.popFirst() ?? ""
         case "--crowded": crowded = true
-        default: throw Failure(description: "unknown argument \(argument)")
+        default: throw TestFailure("unknown argument \(argument)")
         }
     }
     let blocking = which
     guard let path, ["step", "decision", "transition", "caller"].contains(blocking) else {
-        throw Failure(description: "usage: hop-test-blocking --db PATH --blocking step|decision|transition|caller")
+        throw TestFailure("usage: hop-test-blocking --db PATH --blocking step|decision|transition|caller")
     }
     let engine = HopEngine(
         storage: try await HopStore.open(path: path),
@@ -102,16 +98,12 @@ func main() async throws {
         if blocking == "caller" { blocker.block() }
         return run
     }
-    let deadline = ContinuousClock.now.advanced(by: .seconds(60))
-    while !blocker.entered.load(ordering: .relaxed) {
-        guard ContinuousClock.now < deadline else { throw Failure(description: "the blocking code never ran") }
-        try await Task.sleep(for: .milliseconds(5))
-    }
+    try await waitUntil("the blocking code runs") { blocker.entered.load(ordering: .relaxed) }
     say("blocking")
     let quick = try await engine.start("quick", subject: "b")
     let settled = try await engine.settled(runID: quick.id)
     guard settled?.status == .completed else {
-        throw Failure(description: "the quick run settled \(settled?.status.rawValue ?? "nowhere")")
+        throw TestFailure("the quick run settled \(settled?.status.rawValue ?? "nowhere")")
     }
     say(
         blocker.returned.load(ordering: .relaxed)
@@ -119,7 +111,7 @@ func main() async throws {
     blocker.released.store(true, ordering: .relaxed)
     let ended = try await engine.settled(runID: slow.value.id)
     guard ended?.status == .completed else {
-        throw Failure(description: "the blocking run settled \(ended?.status.rawValue ?? "nowhere")")
+        throw TestFailure("the blocking run settled \(ended?.status.rawValue ?? "nowhere")")
     }
     say("blocking run completed")
     crowd.open()
