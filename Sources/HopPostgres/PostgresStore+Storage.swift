@@ -285,7 +285,7 @@ extension PostgresStore: HopStorage {
 
     @discardableResult
     package func record(
-        _ writes: [RunWrite], runID: Int64, owner: String?, durability: WriteDurability
+        _ writes: [RunWrite], runID: Int64, owner: String?, following: Int64?, durability: WriteDurability
     ) async throws -> [HistoryEntry] {
         for write in writes { try write.validate(path: location) }
         let operation =
@@ -296,7 +296,11 @@ extension PostgresStore: HopStorage {
             // Before any row of the run: a park until a login or logout is ordered with those.
             if writes.contains(where: \.parksUntilASessionChange) { try await tx.lockSubject(ofRun: runID) }
             var entries: [HistoryEntry] = []
-            for write in writes { entries.append(try await tx.record(write, runID: runID, owner: owner)) }
+            // Only the first follows the writer's last entry; each later one follows the one before.
+            for (index, write) in writes.enumerated() {
+                entries.append(
+                    try await tx.record(write, runID: runID, owner: owner, following: index == 0 ? following : nil))
+            }
             if owner == nil { try await tx.notifyChange() }
             return entries
         }
@@ -719,36 +723,37 @@ extension PostgresStore: HopStorage {
 }
 
 extension PostgresTransaction {
-    /// Applies one write of an engine's for run `runID`, fenced by `owner`.
-    func record(_ write: RunWrite, runID: Int64, owner: String?) async throws -> HistoryEntry {
+    /// Applies one write of an engine's for run `runID`, fenced by `owner` and, with
+    /// `following`, by the last history entry the engine saw.
+    func record(_ write: RunWrite, runID: Int64, owner: String?, following: Int64?) async throws -> HistoryEntry {
         let operation = write.operation(runID: runID)
         switch write {
         case .hop(let step, let from, let parks, let wakeOn, let deadline):
             return try await hop(
                 runID: runID, step: step, from: from, parks: parks, wakeOn: wakeOn, deadline: deadline, owner: owner,
-                operation: operation)
+                following: following, operation: operation)
         case .unhop(let token, let output):
-            let run = try await requireUnfinished(runID, owner: owner, operation: operation)
+            let run = try await requireUnfinished(runID, owner: owner, following: following, operation: operation)
             return try await endStep(run, token: token, kind: .unhop, value: output, operation: operation)
         case .decision(let name, let value):
-            _ = try await requireRunning(runID, owner: owner, operation: operation)
+            _ = try await requireRunning(runID, owner: owner, following: following, operation: operation)
             return try await append(runID: runID, .decision, step: name, value: value)
         case .patch(let name):
-            _ = try await requireRunning(runID, owner: owner, operation: operation)
+            _ = try await requireRunning(runID, owner: owner, following: following, operation: operation)
             return try await append(runID: runID, .patch, step: name)
         case .timer(let name, let deadline):
-            _ = try await requireRunning(runID, owner: owner, operation: operation)
+            _ = try await requireRunning(runID, owner: owner, following: following, operation: operation)
             return try await append(
                 runID: runID, .timer, step: name,
                 value: HistoryEntry.deadlineValue(.timer, milliseconds: Clock.milliseconds(deadline)))
         case .markUsed(let feature):
-            let run = try await requireRunning(runID, owner: owner, operation: operation)
+            let run = try await requireRunning(runID, owner: owner, following: following, operation: operation)
             try await self.run(
                 "INSERT INTO first_use (subject, feature, used_at) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
                 [.text(run.subject), .text(feature), .int(Clock.milliseconds(store.now()))])
             return try await append(runID: runID, .effect, step: markUsedEffectName(feature))
         case .complete:
-            _ = try await requireRunning(runID, owner: owner, operation: operation)
+            _ = try await requireRunning(runID, owner: owner, following: following, operation: operation)
             let event = try await append(runID: runID, .complete)
             try await setStatus(runID, .completed)
             return event
@@ -759,9 +764,9 @@ extension PostgresTransaction {
     /// and gives up its lease, and ends at once when the change it waits for already came.
     private func hop(
         runID: Int64, step: String, from: String?, parks: Bool, wakeOn: WakeCondition?, deadline: Date?,
-        owner: String?, operation: String
+        owner: String?, following: Int64?, operation: String
     ) async throws -> HistoryEntry {
-        let run = try await requireRunning(runID, owner: owner, operation: operation)
+        let run = try await requireRunning(runID, owner: owner, following: following, operation: operation)
         if let inFlight = run.currentStep, run.currentToken != nil {
             throw refuse(.refused, operation, "step '\(inFlight)' is still in flight; it must unhop first")
         }

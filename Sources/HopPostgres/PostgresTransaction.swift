@@ -148,12 +148,26 @@ struct PostgresTransaction: Sendable {
     }
 
     /// Locks run `runID` and checks that it is unfinished and, with `owner`, held by that engine.
-    func requireUnfinished(_ runID: Int64, owner: String?, operation: String) async throws -> RunRecord {
-        // With the table the row is in: a write to a run is checked against a restored database.
+    /// The run, its row locked, checked unfinished and, with `owner`, held by it; with
+    /// `following`, its history must end at that entry (read in the same statement).
+    func requireUnfinished(
+        _ runID: Int64, owner: String?, following: Int64? = nil, operation: String
+    ) async throws -> RunRecord {
+        // With the table the row is in: a write to a run is checked against a restored database;
+        // and the number of its last history entry, a search of the history's primary key.
         guard
             let found = try await queryOne(
-                "SELECT \(RunRecord.pgColumns), tableoid::bigint FROM runs WHERE id = $1 FOR UPDATE", [.int(runID)],
-                { (run: try RunRecord(pg: $0), table: try $0.int64(RunRecord.pgColumnCount)) })
+                """
+                SELECT \(RunRecord.pgColumns), tableoid::bigint,
+                    (SELECT coalesce(max(seq), 0) FROM history WHERE run_id = $1)
+                FROM runs WHERE id = $1 FOR UPDATE
+                """, [.int(runID)],
+                {
+                    (
+                        run: try RunRecord(pg: $0), table: try $0.int64(RunRecord.pgColumnCount),
+                        last: try $0.int64(RunRecord.pgColumnCount + 1)
+                    )
+                })
         else {
             // A run this process knows may be missing from a restored database: say so, not "not found".
             let table = try await queryOne("SELECT \(PostgresStore.runsTableNow)", []) { try $0.int64(0) }
@@ -175,11 +189,15 @@ struct PostgresTransaction: Sendable {
                 .refused, operation, "run \(runID) is held by \(holder); this engine no longer executes it",
                 hint: "Nothing to do: the engine that holds the run carries it on")
         }
+        try StorageRules(location: location).checkFollows(
+            runID: runID, last: found.last, following: following, operation: operation)
         return run
     }
 
-    func requireRunning(_ runID: Int64, owner: String?, operation: String) async throws -> RunRecord {
-        let run = try await requireUnfinished(runID, owner: owner, operation: operation)
+    func requireRunning(
+        _ runID: Int64, owner: String?, following: Int64? = nil, operation: String
+    ) async throws -> RunRecord {
+        let run = try await requireUnfinished(runID, owner: owner, following: following, operation: operation)
         guard run.status == .running else {
             throw refuse(.refused, operation, "run \(runID) is \(run.status.rawValue)")
         }

@@ -176,7 +176,8 @@ import Testing
             ], "\(history)")
         #expect(!history.contains { [.error, .fail, .diverge].contains($0.kind) }, "\(history)")
         #expect(splashes.withLock { $0 } == 2, "the step whose end was not written runs again; calls: \(storage.trace)")
-        #expect(storage.trace.contains("record(_:runID:owner:durability:) (failed)"), "calls: \(storage.trace)")
+        #expect(
+            storage.trace.contains("record(_:runID:owner:following:durability:) (failed)"), "calls: \(storage.trace)")
     }
 
     /// A running engine whose execution of a run stopped because the database failed, or which
@@ -209,10 +210,10 @@ import Testing
             }
         }
 
-        storage.fail("record(_:runID:owner:durability:)")  // the run's first hop
+        storage.fail("record(_:runID:owner:following:durability:)")  // the run's first hop
         #expect(try await engine.start("startup").id == 1)
         try await waitFor("parked at onboarding") { $0.status == .parked && $0.currentStep == "onboarding" }
-        #expect(storage.pendingFaults("record(_:runID:owner:durability:)") == 0)
+        #expect(storage.pendingFaults("record(_:runID:owner:following:durability:)") == 0)
 
         try await engine.unhop(flow: "startup", step: "onboarding")
         try await waitFor("parked at login") { $0.status == .parked && $0.currentStep == "login" }

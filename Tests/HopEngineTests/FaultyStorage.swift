@@ -155,10 +155,11 @@ final class FaultyStorage: HopStorage {
     }
 
     func record(
-        _ writes: [RunWrite], runID: Int64, owner: String?, durability: WriteDurability
+        _ writes: [RunWrite], runID: Int64, owner: String?, following: Int64?, durability: WriteDurability
     ) async throws -> [HistoryEntry] {
         try check()
-        return try await base.record(writes, runID: runID, owner: owner, durability: durability)
+        return try await base.record(
+            writes, runID: runID, owner: owner, following: following, durability: durability)
     }
 
     func recordTimeout(runID: Int64, token: String, owner: String?) async throws -> HistoryEntry {

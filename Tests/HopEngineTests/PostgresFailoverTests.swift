@@ -23,18 +23,9 @@ import Glibc
     func aFailoverNeverHandsARunInFlightToTheDaemonBackFirst() async throws {
         let (primary, _) = try await PostgresServer.ofItsOwn(database: "failover")
         let standby = try await primary.standby()
-        // The address the engines connect to: a socket that is a link to the primary's, then to the standby's.
-        let front = try TemporaryDirectory()
-        func point(to server: PostgresServer) throws {
-            let next = front.path("next")
-            unlink(next)
-            guard symlink(server.folder.path(".s.PGSQL.\(server.port)"), next) == 0,
-                rename(next, front.path(".s.PGSQL.\(server.port)")) == 0
-            else { throw TestFailure("cannot link the front socket: \(String(cString: strerror(errno)))") }
-        }
-        try point(to: primary)
-        let host = front.path("").hasSuffix("/") ? String(front.path("").dropLast()) : front.path("")
-        let url = "postgres://postgres@/failover?host=\(host)"
+        let front = try Front(database: "failover")
+        try front.point(to: primary)
+        let url = front.url
 
         let folder = try TemporaryDirectory()
         let owner = try await PostgresProcessTests.ownerInItsSplash(url: url, in: folder)
@@ -56,7 +47,7 @@ import Glibc
         defer { owner.kill(SIGCONT) }
         try await primary.stopAtOnce()
         try await standby.promote()
-        try point(to: standby)
+        try front.point(to: standby)
         func holders() async throws -> Set<PostgresProcessTests.LockHolder> {
             Set(try await PostgresProcessTests.livenessLockHolders(on: standby, "failover"))
         }
@@ -71,6 +62,68 @@ import Glibc
             (try? await holders())?.count == 2
         }
         try await PostgresProcessTests.endSplash(of: owner, keptFrom: other, url: url, in: folder)
+    }
+
+    /// With asynchronous replication, a failover may lose the old primary's last commits. Here
+    /// the standby stopped receiving while daemon A was in its splash; A then ended the splash
+    /// and began a durable sleep (the splash's unhop and the timer, committed on the old primary
+    /// only), and was frozen until the standby was the primary. Woken, A went on with its run as
+    /// it knew it, on a history that no longer held the splash's end: before, it appended its
+    /// first-use decision after the splash's hop, and the hop to onboarding was refused (the
+    /// splash was still in flight in the database), so the run failed. Now each of its writes
+    /// names the last history entry it saw, a write that finds another last entry is refused,
+    /// and A executes the run again from the history the new primary holds: the splash runs
+    /// again (as after a crash before its unhop was durable) and the run goes on to onboarding.
+    @Test(.enabled(if: PostgresProcessTests.available))
+    func aDaemonWhoseLastCommitsAFailoverLostExecutesItsRunAgainFromTheNewPrimary() async throws {
+        let (primary, _) = try await PostgresServer.ofItsOwn(database: "lost")
+        let standby = try await primary.standby()
+        let front = try Front(database: "lost")
+        try front.point(to: primary)
+        let folder = try TemporaryDirectory()
+        let owner = try ChildProcess(
+            "hop-test-daemon",
+            [
+                "--db", front.url, "--files", folder.database, "--external", "--engine-id", "A", "--lease", "60",
+                "--sleep", "1",
+            ],
+            environment: ["HOP_TEST_SPLASH_WAITS": "1"], keepInputOpen: true, directory: folder)
+        defer { owner.kill() }
+        try await owner.waitForOutput("point after:hop:splash")
+        func entries(on server: PostgresServer) async throws -> [String] {
+            try await server.psql(
+                "SELECT kind || ':' || coalesce(step, '-') FROM history WHERE run_id = 1 ORDER BY seq", database: "lost"
+            ).split(whereSeparator: \.isNewline).map(String.init)
+        }
+        try await waitUntil("the standby replayed A's hop to its splash") {
+            (try? await entries(on: standby)) == ["hop:splash"]
+        }
+        try await standby.stopReceiving()
+
+        owner.closeInput()
+        try await owner.waitForOutput("point after:timer:sleep")
+        try await stopEveryThread(of: owner.processIdentifier)
+        defer { owner.kill(SIGCONT) }
+        let written = try await entries(on: primary)
+        #expect(written.suffix(2) == ["unhop:splash", "timer:sleep"], "\(written)")
+        try await primary.stopAtOnce()
+        try await standby.promote()
+        try front.point(to: standby)
+        #expect(try await entries(on: standby) == ["hop:splash"], "the standby has what the primary wrote last")
+        owner.kill(SIGCONT)
+
+        try await owner.waitForOutput("parked onboarding", timeout: .seconds(90))
+        // Each entry once, in the flow's order: nothing A wrote after the failover follows the
+        // lost entries' places, and nothing failed.
+        #expect(
+            try await entries(on: standby) == [
+                "hop:splash", "unhop:splash", "timer:sleep", "decision:isFirstUse(onboarding)", "hop:onboarding",
+            ])
+        let status = try await standby.psql("SELECT status FROM runs WHERE id = 1", database: "lost")
+        #expect(status.trimmingCharacters(in: .whitespacesAndNewlines) == "parked")
+        #expect(
+            bodyLines(in: folder).filter { $0 == "1 splash" }.count == 2,
+            "the splash, whose end was lost, ran again")
     }
 
     /// Each start of the server (a restart, a failover) gives `server_starts` a row. Before, the
@@ -102,5 +155,28 @@ import Glibc
         #expect(left == "t|2000", "\(left)")
         withExtendedLifetime(incarnation) {}
         await store.close()
+    }
+}
+
+/// The address a fleet's engines connect to, which a failover moves from one server to another
+/// (a virtual IP or a DNS name; here a socket that is a symbolic link to a server's).
+private struct Front {
+    let folder: TemporaryDirectory
+    /// The URL of the database, through the front.
+    let url: String
+
+    init(database: String) throws {
+        folder = try TemporaryDirectory()
+        let host = folder.path("").hasSuffix("/") ? String(folder.path("").dropLast()) : folder.path("")
+        url = "postgres://postgres@/\(database)?host=\(host)"
+    }
+
+    /// Makes the front reach `server`, at once for every new connection.
+    func point(to server: PostgresServer) throws {
+        let next = folder.path("next")
+        unlink(next)
+        guard symlink(server.folder.path(".s.PGSQL.\(server.port)"), next) == 0,
+            rename(next, folder.path(".s.PGSQL.\(server.port)")) == 0
+        else { throw TestFailure("cannot link the front socket: \(String(cString: strerror(errno)))") }
     }
 }

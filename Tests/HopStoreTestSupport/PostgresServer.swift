@@ -151,6 +151,24 @@ public final class PostgresServer: Sendable {
         try await run("pg_ctl", ["-D", folder.path("data"), "-w", "-t", "60", "promote"])
     }
 
+    /// Makes this standby (``standby()``) stop receiving what its primary writes, as a standby
+    /// that fell behind would be at a failover: its connection to the primary ends and is not
+    /// made again. Returns once it has no connection to the primary.
+    public func stopReceiving() async throws {
+        try await psql("ALTER SYSTEM SET primary_conninfo = ''")
+        try await psql("SELECT pg_reload_conf()")
+        let deadline = ContinuousClock.now + .seconds(60)
+        while try await psql("SELECT count(*) FROM pg_stat_wal_receiver").trimmingCharacters(
+            in: .whitespacesAndNewlines)
+            != "0"
+        {
+            guard ContinuousClock.now < deadline else {
+                throw TestFailure("the standby in \(folder.path("")) still receives from its primary after 60 s")
+            }
+            try await Task.sleep(for: .milliseconds(50))
+        }
+    }
+
     /// Stops the server at once, as a crash of its machine would, as far as clients can tell:
     /// every connection ends and nothing is checkpointed (`pg_ctl stop -m immediate`).
     public func stopAtOnce() async throws {

@@ -136,12 +136,13 @@ extension RunExecutor {
                         try await self.record(.unhop, unhop.step) { storage, runID, owner in
                             try await storage.recordUnhop(
                                 runID: runID, token: unhop.token, output: unhop.output, owner: owner,
-                                durability: .coalesced)
+                                following: self.following, durability: .coalesced)
                         }
                         self.environment.metrics.unhops.increment()
                     } catch let error as HopError where error.code == .refused {
                         unhop.writeFailed(error)
                         try? await self.stopIfStepEndedElsewhere(step: unhop.step, token: unhop.token)
+                        try? await self.stopIfHistoryMoved()  // only if the step was not ended elsewhere
                     } catch Suspension.finished {
                         // Refused because the run was finished or taken over elsewhere: this
                         // execution stopped. A step's makeDurable() says so in the step's terms.
@@ -200,8 +201,10 @@ extension RunExecutor {
     func record(_ write: RunWrite, step name: String? = nil, durability: WriteDurability) async throws -> HistoryEntry {
         let (kind, name) = (write.kind, name ?? write.name)
         guard let unhop = try await takeHeldUnhop() else {
+            let following = following
             return try await record(kind, name) { storage, runID, owner in
-                try await storage.record(write, runID: runID, owner: owner, durability: durability)
+                try await storage.record(
+                    write, runID: runID, owner: owner, following: following, durability: durability)
             }
         }
         let ref = environment.ref(run)
@@ -211,7 +214,7 @@ extension RunExecutor {
         do {
             entries = try await storage.record(
                 [.unhop(token: unhop.token, output: unhop.output), write], runID: run.id, owner: environment.owner,
-                durability: durability)
+                following: following, durability: durability)
         } catch {
             // Nothing of it was written: the unhop waits for the run's next record, unless the
             // run was finished or taken over elsewhere (then this execution stops), or the step
@@ -222,6 +225,7 @@ extension RunExecutor {
                 let current = try await storage.run(id: run.id)  // one read for both questions
                 try stopIfFinishedElsewhere(as: current)
                 try stopIfStepEndedElsewhere(step: unhop.step, token: unhop.token, as: current)
+                try await stopIfHistoryMoved()
             }
             throw error
         }

@@ -45,4 +45,8 @@ enum Suspension: Error {
     /// The step that returned here was ended from outside before its unhop was written (its
     /// token, through `engine.unhop`): the run is executed again, from its history.
     case endedElsewhere(step: String)
+    /// The run's history does not end at the last entry this execution read or recorded
+    /// (`expected`) but at `found`: the database lost the execution's last commits, or another
+    /// writer moved the history on. The run is executed again, from the history the database holds.
+    case historyMoved(expected: Int64, found: Int64)
 }

@@ -33,6 +33,11 @@ final class RunExecutor: FlowExecution {
     /// The unhop of the step that returned last, until the run's next record writes it
     /// (`HeldUnhops.swift`).
     let held = Mutex(HeldUnhop.none)
+    /// The number of the last history entry this execution read or recorded: each of its
+    /// writes follows it (``HopStorage/record(_:runID:owner:following:durability:)``), so that
+    /// a history that changed without it (a failover that lost its last commits) is not
+    /// written to as if it held what it saw.
+    private let lastSeen = Mutex<Int64>(0)
 
     var storage: any HopStorage { environment.storage }
 
@@ -110,6 +115,7 @@ final class RunExecutor: FlowExecution {
                 "resuming run", metadata: environment.metadata(run).merging(["hop.replaying": "\(replaying)"]) { $1 })
         }
         replay.withLock { $0 = Replay(subject: $0.subject, history: history) }
+        lastSeen.withLock { $0 = history.last?.seq ?? 0 }
         return true
     }
 
@@ -303,14 +309,21 @@ final class RunExecutor: FlowExecution {
             entry = try await commit(storage, run.id, environment.owner)
         } catch let error as HopError where error.code == .refused {
             try await stopIfFinishedElsewhere()
+            // An unhop's refusal is judged by its caller, which first asks whether the step was
+            // ended from outside (``writeHeldUnhop()``).
+            if kind != .unhop { try await stopIfHistoryMoved() }
             throw error
         }
         recorded(entry)
         return entry
     }
 
+    /// The last history entry this execution read or recorded: what its next write follows.
+    var following: Int64 { lastSeen.withLock { $0 } }
+
     /// Tells the observer and the debug log that `entry` was recorded.
     func recorded(_ entry: HistoryEntry) {
+        lastSeen.withLock { $0 = max($0, entry.seq) }
         environment.notify(.recorded(run: environment.ref(run), event: entry))
         environment.logger.debug(
             "recorded \(entry.kind.rawValue)",
@@ -323,6 +336,20 @@ final class RunExecutor: FlowExecution {
     /// When the run was finished or taken over elsewhere, stops this execution (it writes nothing more).
     func stopIfFinishedElsewhere() async throws {
         try stopIfFinishedElsewhere(as: try await storage.run(id: run.id))
+    }
+
+    /// When the run's history no longer ends at the last entry this execution read or recorded
+    /// (``following``), stops this execution: the run is executed again from the history the
+    /// database holds. It lost this execution's last commits (a failover to a standby that
+    /// lacked them), or another writer moved it on.
+    func stopIfHistoryMoved() async throws {
+        let found = try await storage.history(runID: run.id, limit: 1).last?.seq ?? 0
+        let expected = following
+        guard found != expected else { return }
+        let moved = Suspension.historyMoved(expected: expected, found: found)
+        dropHeldUnhop()
+        stop(moved)
+        throw moved
     }
 
     /// ``stopIfFinishedElsewhere()`` for the run as the caller has just read it (`current`).
@@ -366,6 +393,11 @@ final class RunExecutor: FlowExecution {
             logger.info(
                 "step was ended from outside before its unhop was written; executing the run again from its history",
                 metadata: ["hop.step": "\(step)"])
+            return .again
+        case Suspension.historyMoved(let expected, let found):
+            logger.warning(
+                "the run's history in the database does not end at the entry this engine recorded last: it lost this engine's last commits (a failover to a standby that lacked them, a database restored) or was written from outside; executing the run again from the history the database holds",
+                metadata: ["hop.entry.expected": "\(expected)", "hop.entry.found": "\(found)"])
             return .again
         case _ where Task.isCancelled:
             logger.info("stopped executing run; it stays resumable")

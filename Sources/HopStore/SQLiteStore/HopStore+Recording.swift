@@ -14,22 +14,34 @@ extension HopStore {
     /// executing the run; `nil` for a write from outside): all of them or, when one is refused
     /// or fails, none. Returns the history entry each one appended.
     ///
+    /// With `following`, refused unless the run's history ends at that entry (the last the
+    /// engine executing the run saw; a file has no failover, but a write from outside, such as
+    /// `engine.unhop` with a token, moves the history on without the engine).
+    ///
     /// - Throws: `.invalidInput` for a bad name or JSON value; `.refused` when `owner` does not
-    ///   hold the run, the run is finished, a hop finds a step still in flight or an unhop's
-    ///   token is stale; nothing changed.
+    ///   hold the run, the run is finished, its history does not end at `following`, a hop finds
+    ///   a step still in flight or an unhop's token is stale; nothing changed.
     package func record(
-        _ writes: [RunWrite], runID: Int64, owner: String?, durability: WriteDurability
+        _ writes: [RunWrite], runID: Int64, owner: String?, following: Int64?, durability: WriteDurability
     ) async throws -> [HistoryEntry] {
         for write in writes { try write.validate(path: path) }
         let operation =
             writes.count == 1 ? writes[0].operation(runID: runID) : "record \(writes.count) entries of run \(runID)"
         return try await write(durability, operation, runID: runID) { tx in
             if writes.count == 2, case .unhop(let token, let output) = writes[0], writes[1].needsRunningRun {
-                return try tx.recordUnhop(token: token, output: output, then: writes[1], runID: runID, owner: owner)
+                return try tx.recordUnhop(
+                    token: token, output: output, then: writes[1], runID: runID, owner: owner, following: following)
             }
-            guard writes.count > 1 else { return try writes.map { try tx.record($0, runID: runID, owner: owner) } }
-            // A later write may refuse after an earlier one changed the run: all or none.
-            return try tx.atomically { try writes.map { try tx.record($0, runID: runID, owner: owner) } }
+            guard writes.count > 1 else {
+                return try writes.map { try tx.record($0, runID: runID, owner: owner, following: following) }
+            }
+            // A later write may refuse after an earlier one changed the run: all or none. Only
+            // the first follows the writer's last entry; each later one follows the one before.
+            return try tx.atomically {
+                try writes.enumerated().map { index, write in
+                    try tx.record(write, runID: runID, owner: owner, following: index == 0 ? following : nil)
+                }
+            }
         }
     }
 
@@ -127,36 +139,39 @@ extension WriteTransaction {
     ///   and checked here when `nil`.
     /// - Parameter endsStep: the run's row still names a step that an unhop earlier in this
     ///   write ended without clearing it: this write's own update of the row clears it.
+    /// - Parameter following: with no `checked` run, refused unless the run's history ends at
+    ///   this entry (``StorageRules/checkFollows(runID:last:following:operation:)``).
     func record(
-        _ write: RunWrite, runID: Int64, owner: String?, checked: RunHead? = nil, endsStep: Bool = false
+        _ write: RunWrite, runID: Int64, owner: String?, checked: RunHead? = nil, endsStep: Bool = false,
+        following: Int64? = nil
     ) throws -> HistoryEntry {
         let operation = write.operation(runID: runID)
         switch write {
         case .hop(let step, let from, let parks, let wakeOn, let deadline):
             return try hop(
                 runID: runID, step: step, from: from, parks: parks, wakeOn: wakeOn, deadline: deadline, owner: owner,
-                checked: checked, operation: operation)
+                checked: checked, following: following, operation: operation)
         case .unhop(let token, let output):
-            let run = try checked ?? requireUnfinished(runID, owner: owner, operation: operation)
+            let run = try checked ?? requireUnfinished(runID, owner: owner, following: following, operation: operation)
             return try endStep(run, token: token, kind: .unhop, value: output, operation: operation)
         case .decision(let name, let value):
-            let run = try checked ?? requireRunning(runID, owner: owner, operation: operation)
+            let run = try checked ?? requireRunning(runID, owner: owner, following: following, operation: operation)
             return try append(
                 runID: runID, .decision, step: name, value: value, after: run.lastSeq, endsStep: endsStep,
                 operation: operation)
         case .patch(let name):
-            let run = try checked ?? requireRunning(runID, owner: owner, operation: operation)
+            let run = try checked ?? requireRunning(runID, owner: owner, following: following, operation: operation)
             return try append(
                 runID: runID, .patch, step: name, after: run.lastSeq, endsStep: endsStep, operation: operation)
         case .timer(let name, let deadline):
-            let run = try checked ?? requireRunning(runID, owner: owner, operation: operation)
+            let run = try checked ?? requireRunning(runID, owner: owner, following: following, operation: operation)
             return try append(
                 runID: runID, .timer, step: name,
                 value: HistoryEntry.deadlineValue(.timer, milliseconds: Clock.milliseconds(deadline)),
                 deadline: deadline,
                 after: run.lastSeq, endsStep: endsStep, operation: operation)
         case .markUsed(let feature):
-            let run = try checked ?? requireRunning(runID, owner: owner, operation: operation)
+            let run = try checked ?? requireRunning(runID, owner: owner, following: following, operation: operation)
             try self.run(
                 "INSERT INTO first_use (subject, feature, used_at) VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",
                 [.text(run.subject), .text(feature), .integer(Clock.nowMilliseconds())], operation: operation)
@@ -164,7 +179,7 @@ extension WriteTransaction {
                 runID: runID, .effect, step: markUsedEffectName(feature), after: run.lastSeq, endsStep: endsStep,
                 operation: operation)
         case .complete:
-            let run = try checked ?? requireRunning(runID, owner: owner, operation: operation)
+            let run = try checked ?? requireRunning(runID, owner: owner, following: following, operation: operation)
             // The status's update sets `updated_at` too.
             let event = try append(
                 runID: runID, .complete, after: run.lastSeq, touchesRun: false, operation: operation)
@@ -180,10 +195,10 @@ extension WriteTransaction {
     /// no savepoint is needed for all or none, and the run's row is updated once, by the next
     /// write, which also clears the ended step.
     func recordUnhop(
-        token: String, output: String?, then next: RunWrite, runID: Int64, owner: String?
+        token: String, output: String?, then next: RunWrite, runID: Int64, owner: String?, following: Int64?
     ) throws -> [HistoryEntry] {
         let operation = next.operation(runID: runID)
-        let run = try requireRunning(runID, owner: owner, operation: operation)
+        let run = try requireRunning(runID, owner: owner, following: following, operation: operation)
         let unhop = try endStep(run, token: token, kind: .unhop, value: output, updatesRun: false, operation: operation)
         let entry = try record(
             next, runID: runID, owner: owner, checked: RunHead(run, endedAt: unhop.seq), endsStep: true)
@@ -195,9 +210,9 @@ extension WriteTransaction {
     /// `deadline`, the step times out then (stored with the hop).
     private func hop(
         runID: Int64, step: String, from: String?, parks: Bool, wakeOn: WakeCondition?, deadline: Date?,
-        owner: String?, checked: RunHead?, operation: String
+        owner: String?, checked: RunHead?, following: Int64?, operation: String
     ) throws -> HistoryEntry {
-        let run = try checked ?? requireRunning(runID, owner: owner, operation: operation)
+        let run = try checked ?? requireRunning(runID, owner: owner, following: following, operation: operation)
         if let inFlight = run.currentStep, run.currentToken != nil {
             throw refuse(.refused, operation, "step '\(inFlight)' is still in flight; it must unhop first")
         }

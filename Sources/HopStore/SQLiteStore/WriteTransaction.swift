@@ -234,7 +234,11 @@ extension WriteTransaction {
     /// What a write checks of run `runID` before it records: that the run is unfinished and,
     /// with `owner`, held by that engine. Reads the few columns a check needs; the whole
     /// record only to explain a refusal.
-    func requireUnfinished(_ runID: Int64, owner: String? = nil, operation: String) throws -> RunHead {
+    /// The run's head, checked unfinished and, with `owner`, held by it; with `following`, its
+    /// history must end at that entry.
+    func requireUnfinished(
+        _ runID: Int64, owner: String? = nil, following: Int64? = nil, operation: String
+    ) throws -> RunHead {
         guard
             let head = try connection.queryOne(
                 "SELECT \(RunHead.columns) FROM runs WHERE id = ?1", [.integer(runID)], operation: operation,
@@ -257,11 +261,17 @@ extension WriteTransaction {
                 .refused, operation, "run \(runID) is held by \(holder); this engine no longer executes it",
                 hint: "Nothing to do: the engine that holds the run carries it on")
         }
+        if let following {
+            try StorageRules(location: path).checkFollows(
+                runID: runID, last: head.lastSeq ?? 0, following: following, operation: operation)
+        }
         return head
     }
 
-    func requireRunning(_ runID: Int64, owner: String? = nil, operation: String) throws -> RunHead {
-        let head = try requireUnfinished(runID, owner: owner, operation: operation)
+    func requireRunning(
+        _ runID: Int64, owner: String? = nil, following: Int64? = nil, operation: String
+    ) throws -> RunHead {
+        let head = try requireUnfinished(runID, owner: owner, following: following, operation: operation)
         guard head.status == .running else {
             throw refuse(.refused, operation, "run \(runID) is \(head.status.rawValue)")
         }

@@ -99,10 +99,14 @@ package protocol HopStorage: Sendable {
     // MARK: Recording what a run does
 
     /// Applies `writes` for the run in order, as one write fenced by `owner`: all or none.
-    /// Returns the history entry each one appended.
+    /// Returns the history entry each one appended. With `following`, the number of the last
+    /// history entry the writer recorded or read (the engine executing the run), refused,
+    /// writing nothing, unless the run's history ends there: a database that lost the writer's
+    /// last commits (a failover to a standby that lacked them) or that another writer changed
+    /// is not written to as if it held what the writer saw.
     @discardableResult
     func record(
-        _ writes: [RunWrite], runID: Int64, owner: String?, durability: WriteDurability
+        _ writes: [RunWrite], runID: Int64, owner: String?, following: Int64?, durability: WriteDurability
     ) async throws -> [HistoryEntry]
     /// Ends the step in flight because its deadline passed, if `token` is its token.
     @discardableResult
@@ -210,12 +214,26 @@ extension HopStorage {
     /// The whole history of a run, in order.
     package func history(runID: Int64) async throws -> [HistoryEntry] { try await history(runID: runID, limit: nil) }
 
-    /// Applies one write for the run (see ``record(_:runID:owner:durability:)``) and returns its entry.
+    /// Applies `writes` for the run in order, whatever its history ends at (see
+    /// ``record(_:runID:owner:following:durability:)``).
     @discardableResult
     package func record(
-        _ write: RunWrite, runID: Int64, owner: String? = nil, durability: WriteDurability = .now
+        _ writes: [RunWrite], runID: Int64, owner: String?, durability: WriteDurability
+    ) async throws -> [HistoryEntry] {
+        try await record(writes, runID: runID, owner: owner, following: nil, durability: durability)
+    }
+
+    /// Applies one write for the run (see ``record(_:runID:owner:following:durability:)``) and returns its entry.
+    @discardableResult
+    package func record(
+        _ write: RunWrite, runID: Int64, owner: String? = nil, following: Int64? = nil,
+        durability: WriteDurability = .now
     ) async throws -> HistoryEntry {
-        guard let entry = try await record([write], runID: runID, owner: owner, durability: durability).first else {
+        guard
+            let entry = try await record(
+                [write], runID: runID, owner: owner, following: following, durability: durability
+            ).first
+        else {
             throw HopError(
                 .sqlite, operation: write.operation(runID: runID), path: location,
                 reason: "no history entry was written")
@@ -237,9 +255,12 @@ extension HopStorage {
     /// from outside the engine (no owner), durably.
     @discardableResult
     package func recordUnhop(
-        runID: Int64, token: String, output: String? = nil, owner: String? = nil, durability: WriteDurability = .now
+        runID: Int64, token: String, output: String? = nil, owner: String? = nil, following: Int64? = nil,
+        durability: WriteDurability = .now
     ) async throws -> HistoryEntry {
-        try await record(.unhop(token: token, output: output), runID: runID, owner: owner, durability: durability)
+        try await record(
+            .unhop(token: token, output: output), runID: runID, owner: owner, following: following,
+            durability: durability)
     }
 
     /// Records the value a condition had when run `runID` read it.

@@ -131,6 +131,18 @@ package struct StorageRules: Sendable {
         return token
     }
 
+    /// Checks that the history of run `runID` ends at entry `following`, the last one the writer
+    /// (the engine executing the run) recorded or read; `last` is the entry it ends at. Refused
+    /// otherwise: the history changed without the writer, and what it would write follows
+    /// entries that are not there, or passes over ones it never saw.
+    package func checkFollows(runID: Int64, last: Int64, following: Int64?, operation: String) throws {
+        guard let following, following != last else { return }
+        throw refuse(
+            .refused, operation,
+            "the history of run \(runID) ends at entry \(last), not at entry \(following), the last this engine recorded or read: it changed without this engine (a failover to a standby that lacked the last commits, a database restored, a write from outside)",
+            hint: "Nothing to do: the engine executes the run again from the history the database holds")
+    }
+
     /// Why an end of the step in flight of run `runID` with a token that is not its token is
     /// refused: `earlier` is how that token's step ended, if it did.
     package func staleToken(
