@@ -87,7 +87,9 @@ import Glibc
                 "--db", front.url, "--files", folder.database, "--external", "--engine-id", "A", "--lease", "60",
                 "--sleep", "1",
             ],
-            environment: ["HOP_TEST_SPLASH_WAITS": "1"], keepInputOpen: true, directory: folder)
+            // A stops itself once the timer is committed: the sleep ends only after the failover.
+            environment: ["HOP_TEST_SPLASH_WAITS": "1", "HOP_TEST_STOP_AT": "after:timer:sleep"], keepInputOpen: true,
+            directory: folder)
         defer { owner.kill() }
         try await owner.waitForOutput("point after:hop:splash")
         func entries(on server: PostgresServer) async throws -> [String] {
@@ -102,7 +104,7 @@ import Glibc
 
         owner.closeInput()
         try await owner.waitForOutput("point after:timer:sleep")
-        try await stopEveryThread(of: owner.processIdentifier)
+        try await stopEveryThread(of: owner.processIdentifier)  // stopped already: waits until every thread is
         defer { owner.kill(SIGCONT) }
         let written = try await entries(on: primary)
         #expect(written.suffix(2) == ["unhop:splash", "timer:sleep"], "\(written)")

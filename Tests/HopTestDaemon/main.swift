@@ -43,6 +43,7 @@ import Synchronization
 //                every 100 ms (Configuration.retention)
 // Environment:
 //   HOP_TEST_KILL_AT=<point>   SIGKILL this process at the point, e.g. "before:hop:splash", "after:unhop:login"
+//   HOP_TEST_STOP_AT=<point>   SIGSTOP this process the first time it reaches the point (the test sends SIGCONT)
 //   HOP_TEST_FAILS=<n>         splash throws on its first n attempts (it is tried up to 3 times)
 //   HOP_TEST_SLOW_SPLASH=1     splash runs until its task is cancelled (then it notes "<run> splash-cancelled")
 //   HOP_TEST_SPLASH_RUNS_ON=1  splash unhops (output {"cache":"held"}; it notes "<run> splash-unhopped"), then
@@ -158,6 +159,8 @@ let version = options.version
 let subject = options.subject
 let environment = ProcessInfo.processInfo.environment
 let killAt = environment["HOP_TEST_KILL_AT"]
+let stopAt = environment["HOP_TEST_STOP_AT"]
+let stoppedAtPoint = Atomic(false)
 let failures = Int(environment["HOP_TEST_FAILS"] ?? "") ?? 0
 let slowSplash = environment["HOP_TEST_SLOW_SPLASH"] == "1"
 let splashRunsOn = environment["HOP_TEST_SPLASH_RUNS_ON"] == "1"
@@ -179,6 +182,7 @@ func noteBody(_ context: StepContext, _ what: String? = nil) {
 func point(_ name: String) {
     say("point \(name)")
     if name == killAt { kill(getpid(), SIGKILL) }
+    if name == stopAt, !stoppedAtPoint.exchange(true, ordering: .relaxed) { kill(getpid(), SIGSTOP) }
 }
 
 let observer: @Sendable (EngineEvent) -> Void = { event in
