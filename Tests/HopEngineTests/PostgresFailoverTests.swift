@@ -21,10 +21,7 @@ import Glibc
     /// ran the splash beside A's. Now it counts from when an engine first found the new primary.
     @Test(.enabled(if: PostgresProcessTests.available))
     func aFailoverNeverHandsARunInFlightToTheDaemonBackFirst() async throws {
-        let (primary, _) = try await PostgresServer.ofItsOwn(database: "failover")
-        let standby = try await primary.standby()
-        let front = try Front(database: "failover")
-        try front.point(to: primary)
+        let (primary, standby, front) = try await Front.toAPrimaryWithAStandby(database: "failover")
         let url = front.url
 
         let folder = try TemporaryDirectory()
@@ -76,10 +73,7 @@ import Glibc
     /// again (as after a crash before its unhop was durable) and the run goes on to onboarding.
     @Test(.enabled(if: PostgresProcessTests.available))
     func aDaemonWhoseLastCommitsAFailoverLostExecutesItsRunAgainFromTheNewPrimary() async throws {
-        let (primary, _) = try await PostgresServer.ofItsOwn(database: "lost")
-        let standby = try await primary.standby()
-        let front = try Front(database: "lost")
-        try front.point(to: primary)
+        let (primary, standby, front) = try await Front.toAPrimaryWithAStandby(database: "lost")
         let folder = try TemporaryDirectory()
         let owner = try ChildProcess(
             "hop-test-daemon",
@@ -171,6 +165,17 @@ private struct Front {
         folder = try TemporaryDirectory()
         let host = folder.path("").hasSuffix("/") ? String(folder.path("").dropLast()) : folder.path("")
         url = "postgres://postgres@/\(database)?host=\(host)"
+    }
+
+    /// A server of a test's own with database `name`, its standby, and a front that reaches the server.
+    static func toAPrimaryWithAStandby(
+        database name: String
+    ) async throws -> (primary: PostgresServer, standby: PostgresServer, front: Front) {
+        let (primary, _) = try await PostgresServer.ofItsOwn(database: name)
+        let standby = try await primary.standby()
+        let front = try Front(database: name)
+        try front.point(to: primary)
+        return (primary, standby, front)
     }
 
     /// Makes the front reach `server`, at once for every new connection.
