@@ -147,9 +147,8 @@ struct PostgresTransaction: Sendable {
         return latest
     }
 
-    /// Locks run `runID` and checks that it is unfinished and, with `owner`, held by that engine.
-    /// The run, its row locked, checked unfinished and, with `owner`, held by it; with
-    /// `following`, its history must end at that entry (read in the same statement).
+    /// Locks run `runID` and checks that it is unfinished and, with `owner`, held by that engine;
+    /// with `following`, that its history ends at that entry (read in the same statement).
     func requireUnfinished(
         _ runID: Int64, owner: String?, following: Int64? = nil, operation: String
     ) async throws -> RunRecord {

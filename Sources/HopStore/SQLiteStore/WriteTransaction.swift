@@ -232,10 +232,8 @@ extension WriteTransaction {
     }
 
     /// What a write checks of run `runID` before it records: that the run is unfinished and,
-    /// with `owner`, held by that engine. Reads the few columns a check needs; the whole
-    /// record only to explain a refusal.
-    /// The run's head, checked unfinished and, with `owner`, held by it; with `following`, its
-    /// history must end at that entry.
+    /// with `owner`, held by that engine; with `following`, that its history ends at that entry.
+    /// Reads the few columns a check needs; the whole record only to explain a refusal.
     func requireUnfinished(
         _ runID: Int64, owner: String? = nil, following: Int64? = nil, operation: String
     ) throws -> RunHead {
