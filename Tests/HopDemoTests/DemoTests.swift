@@ -257,19 +257,13 @@ import Testing
         in folder: TemporaryDirectory
     ) async throws -> (first: ChildProcess, second: ChildProcess) {
         let first = try ChildProcess("hop-demo", ["--db", folder.database], directory: folder)
-        do {
+        return try await first.killedIfFails {
             try await first.waitForOutput("parked at onboarding")
             let second = try ChildProcess("hop-demo", ["--db", folder.database], directory: folder)
-            do {
+            try await second.killedIfFails {
                 try await second.waitForOutput("resuming run 1 of startup for default at onboarding")
-            } catch {
-                second.kill()
-                throw error
             }
             return (first, second)
-        } catch {
-            first.kill()
-            throw error
         }
     }
 

@@ -133,12 +133,7 @@ import Testing
         let launched = ContinuousClock.now
         let daemon = try ChildProcess(
             "hop-test-daemon", arguments, environment: environment, keepInputOpen: true, directory: folder)
-        do {
-            try await daemon.waitForOutput("started 3", timeout: .seconds(30))
-        } catch {
-            daemon.kill()
-            throw error
-        }
+        try await daemon.killedIfFails { try await daemon.waitForOutput("started 3", timeout: .seconds(30)) }
         return (daemon, arguments, environment, launched, ContinuousClock.now)
     }
 

@@ -148,12 +148,7 @@ import Testing
             "hop-test-daemon",
             ["--db", url, "--files", folder.database, "--external", "--engine-id", "A", "--lease", "\(lease)"],
             environment: ["HOP_TEST_SPLASH_WAITS": "1"], keepInputOpen: true, directory: folder)
-        do {
-            try await owner.waitForOutput("point after:hop:splash")
-        } catch {
-            owner.kill()
-            throw error
-        }
+        try await owner.killedIfFails { try await owner.waitForOutput("point after:hop:splash") }
         return owner
     }
 
@@ -189,16 +184,13 @@ import Testing
         running sql: String, on server: PostgresServer, _ database: String, in folder: TemporaryDirectory
     ) async throws -> ChildProcess {
         let session = try server.client(running: sql, database: database, in: folder)
-        do {
+        try await session.killedIfFails {
             try await waitUntil("the other session waits for the lock", timeout: .seconds(30)) {
                 try await server.psql(
                     "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'psql' AND wait_event = 'advisory'",
                     database: database
                 ).trimmingCharacters(in: .whitespacesAndNewlines) == "1"
             }
-        } catch {
-            session.kill()
-            throw error
         }
         return session
     }

@@ -130,6 +130,17 @@ public final class ChildProcess: Sendable {
         Glibc.kill(pid, signal)
     }
 
+    /// Runs `body`, a wait for what the process must do first, and kills the process if it
+    /// throws: a helper that starts a process hands its caller one that got there, or none.
+    public func killedIfFails<T>(_ body: () async throws -> T) async throws -> T {
+        do {
+            return try await body()
+        } catch {
+            kill()
+            throw error
+        }
+    }
+
     /// Waits until the process ends, at most `timeout`; returns its exit status.
     @discardableResult
     public func waitForExit(
