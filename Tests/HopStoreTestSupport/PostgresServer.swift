@@ -157,15 +157,9 @@ public final class PostgresServer: Sendable {
     public func stopReceiving() async throws {
         try await psql("ALTER SYSTEM SET primary_conninfo = ''")
         try await psql("SELECT pg_reload_conf()")
-        let deadline = ContinuousClock.now + .seconds(60)
-        while try await psql("SELECT count(*) FROM pg_stat_wal_receiver").trimmingCharacters(
-            in: .whitespacesAndNewlines)
-            != "0"
-        {
-            guard ContinuousClock.now < deadline else {
-                throw TestFailure("the standby in \(folder.path("")) still receives from its primary after 60 s")
-            }
-            try await Task.sleep(for: .milliseconds(50))
+        try await waitUntil("the standby in \(folder.path("")) no longer receives from its primary") {
+            try await self.psql("SELECT count(*) FROM pg_stat_wal_receiver")
+                .trimmingCharacters(in: .whitespacesAndNewlines) == "0"
         }
     }
 
