@@ -105,7 +105,7 @@ import Glibc
         try await primary.stopAtOnce()
         try await standby.promote()
         try front.point(to: standby)
-        #expect(try await entries(on: standby) == ["hop:splash"], "the standby has what the primary wrote last")
+        #expect(try await entries(on: standby) == ["hop:splash"], "the standby lacks what the primary wrote last")
         owner.kill(SIGCONT)
 
         try await owner.waitForOutput("parked onboarding", timeout: .seconds(90))
