@@ -61,18 +61,30 @@ import Glibc
         try await PostgresProcessTests.endSplash(of: owner, keptFrom: other, url: url, in: folder)
     }
 
-    /// With asynchronous replication, a failover may lose the old primary's last commits. Here
-    /// the standby stopped receiving while daemon A was in its splash; A then ended the splash
-    /// and began a durable sleep (the splash's unhop and the timer, committed on the old primary
-    /// only), and was frozen until the standby was the primary. Woken, A went on with its run as
-    /// it knew it, on a history that no longer held the splash's end: before, it appended its
-    /// first-use decision after the splash's hop, and the hop to onboarding was refused (the
-    /// splash was still in flight in the database), so the run failed. Now each of its writes
-    /// names the last history entry it saw, a write that finds another last entry is refused,
-    /// and A executes the run again from the history the new primary holds: the splash runs
-    /// again (as after a crash before its unhop was durable) and the run goes on to onboarding.
-    @Test(.enabled(if: PostgresProcessTests.available))
-    func aDaemonWhoseLastCommitsAFailoverLostExecutesItsRunAgainFromTheNewPrimary() async throws {
+    /// How a server comes back without its last commits, under running engines.
+    enum LastCommitsLost: String, CustomStringConvertible, Sendable {
+        /// A failover to an asynchronous standby that had stopped receiving.
+        case failover
+        /// The server restored from a physical backup (`pg_basebackup`): the same tables, so
+        /// not taken for a replaced database.
+        case physicalRestore
+        var description: String { rawValue }
+    }
+
+    /// With asynchronous replication, a failover may lose the old primary's last commits; a
+    /// physical backup restored under running engines loses what came after it. Here the
+    /// standby stopped receiving (or the backup was taken) while daemon A was in its splash; A
+    /// then ended the splash and began a durable sleep (the splash's unhop and the timer, in
+    /// the last commits), and was frozen until the server it reaches lacked them. Woken, A went
+    /// on with its run as it knew it, on a history that no longer held the splash's end:
+    /// before, it appended its first-use decision after the splash's hop, and the hop to
+    /// onboarding was refused (the splash was still in flight in the database), so the run
+    /// failed. Now each of its writes names the last history entry it saw, a write that finds
+    /// another last entry is refused, and A executes the run again from the history the server
+    /// holds: the splash runs again (as after a crash before its unhop was durable) and the run
+    /// goes on to onboarding.
+    @Test(.enabled(if: PostgresProcessTests.available), arguments: [LastCommitsLost.failover, .physicalRestore])
+    func aDaemonWhoseLastCommitsWereLostExecutesItsRunAgainFromTheServer(_ how: LastCommitsLost) async throws {
         let (primary, standby, front) = try await Front.toAPrimaryWithAStandby(database: "lost")
         let folder = try TemporaryDirectory()
         let owner = try ChildProcess(
@@ -81,7 +93,7 @@ import Glibc
                 "--db", front.url, "--files", folder.database, "--external", "--engine-id", "A", "--lease", "60",
                 "--sleep", "1",
             ],
-            // A stops itself once the timer is committed: the sleep ends only after the failover.
+            // A stops itself once the timer is committed: the sleep ends only once the commit is lost.
             environment: ["HOP_TEST_SPLASH_WAITS": "1", "HOP_TEST_STOP_AT": "after:timer:sleep"], keepInputOpen: true,
             directory: folder)
         defer { owner.kill() }
@@ -91,10 +103,16 @@ import Glibc
                 "SELECT kind || ':' || coalesce(step, '-') FROM history WHERE run_id = 1 ORDER BY seq", database: "lost"
             ).split(whereSeparator: \.isNewline).map(String.init)
         }
-        try await waitUntil("the standby replayed A's hop to its splash") {
-            (try? await entries(on: standby)) == ["hop:splash"]
+        var backup: TemporaryDirectory?
+        switch how {
+        case .failover:
+            try await waitUntil("the standby replayed A's hop to its splash") {
+                (try? await entries(on: standby)) == ["hop:splash"]
+            }
+            try await standby.stopReceiving()
+        case .physicalRestore:
+            backup = try await primary.physicalBackup()
         }
-        try await standby.stopReceiving()
 
         owner.closeInput()
         try await owner.waitForOutput("point after:timer:sleep")
@@ -102,20 +120,28 @@ import Glibc
         defer { owner.kill(SIGCONT) }
         let written = try await entries(on: primary)
         #expect(written.suffix(2) == ["unhop:splash", "timer:sleep"], "\(written)")
-        try await primary.stopAtOnce()
-        try await standby.promote()
-        try front.point(to: standby)
-        #expect(try await entries(on: standby) == ["hop:splash"], "the standby lacks what the primary wrote last")
+        let server: PostgresServer
+        switch how {
+        case .failover:
+            try await primary.stopAtOnce()
+            try await standby.promote()
+            try front.point(to: standby)
+            server = standby
+        case .physicalRestore:
+            try await primary.restore(try #require(backup))
+            server = primary
+        }
+        #expect(try await entries(on: server) == ["hop:splash"], "the server lacks what A wrote last")
         owner.kill(SIGCONT)
 
         try await owner.waitForOutput("parked onboarding", timeout: .seconds(90))
-        // Each entry once, in the flow's order: nothing A wrote after the failover follows the
-        // lost entries' places, and nothing failed.
+        // Each entry once, in the flow's order: nothing A wrote afterwards follows the lost
+        // entries' places, and nothing failed.
         #expect(
-            try await entries(on: standby) == [
+            try await entries(on: server) == [
                 "hop:splash", "unhop:splash", "timer:sleep", "decision:isFirstUse(onboarding)", "hop:onboarding",
             ])
-        let status = try await standby.psql("SELECT status FROM runs WHERE id = 1", database: "lost")
+        let status = try await server.psql("SELECT status FROM runs WHERE id = 1", database: "lost")
         #expect(status.trimmingCharacters(in: .whitespacesAndNewlines) == "parked")
         #expect(
             bodyLines(in: folder).filter { $0 == "1 splash" }.count == 2,

@@ -146,6 +146,29 @@ public final class PostgresServer: Sendable {
         return standby
     }
 
+    /// A physical backup of this server's cluster, as an operator takes one (`pg_basebackup`,
+    /// after a checkpoint made at once, with the log it needs), in a new folder: for ``restore(_:)``.
+    public func physicalBackup() async throws -> TemporaryDirectory {
+        let (backup, _) = try Self.clusterFolder()
+        try await run(
+            "pg_basebackup",
+            [
+                "-h", socketDirectory, "-p", "\(port)", "-U", user, "-D", backup.path("data"), "-X", "stream", "-c",
+                "fast", "--no-sync",
+            ])
+        return backup
+    }
+
+    /// Restores `backup` (``physicalBackup()``) under running clients: stops the server at once,
+    /// puts the backup's cluster in place of its own, and starts it again on the same socket.
+    public func restore(_ backup: TemporaryDirectory) async throws {
+        try await stopAtOnce()
+        guard rename(folder.path("data"), folder.path("data-before-restore")) == 0,
+            rename(backup.path("data"), folder.path("data")) == 0
+        else { throw TestFailure("cannot put the backup in place: \(String(cString: strerror(errno)))") }
+        try await startAgain()
+    }
+
     /// Makes this standby (``standby()``) the primary, as a failover does; returns once it is.
     public func promote() async throws {
         try await run("pg_ctl", ["-D", folder.path("data"), "-w", "-t", "60", "promote"])
