@@ -259,10 +259,8 @@ extension WriteTransaction {
                 .refused, operation, "run \(runID) is held by \(holder); this engine no longer executes it",
                 hint: "Nothing to do: the engine that holds the run carries it on")
         }
-        if let following {
-            try StorageRules(location: path).checkFollows(
-                runID: runID, last: head.lastSeq ?? 0, following: following, operation: operation)
-        }
+        try StorageRules(location: path).checkFollows(
+            runID: runID, last: head.lastSeq ?? 0, following: following, operation: operation)
         return head
     }
 
