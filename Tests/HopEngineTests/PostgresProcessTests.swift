@@ -329,7 +329,7 @@ import Testing
         let other = try Self.daemon("B", url: url, in: folder)
         defer { other.kill() }
         // B takes the run only once the grace has passed (15 s), and then runs the splash:
-        // about 20 s under the whole suite, against the default deadline of 30 s.
+        // about 20 s under the whole suite, so 90 s rather than the default minute.
         try await other.waitForOutput("parked onboarding", timeout: .seconds(90))
         let store = try await PostgresStore.open(url: url)
         defer { Task { await store.close() } }
