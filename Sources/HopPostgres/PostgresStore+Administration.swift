@@ -148,20 +148,25 @@ extension PostgresStore: HopAdministration {
     // MARK: Moving a deployment
 
     /// Everything in the database, read in one read-only transaction at `REPEATABLE READ`: one
-    /// snapshot, while engines go on writing.
+    /// snapshot, while engines go on writing. Leases are judged as `hopctl status` judges them
+    /// (``RunRecord/pgColumnsJudgingLeases(grace:)``): in the grace after a server's start, a
+    /// run is held though its lease's stored end has passed.
     package func snapshot() async throws -> HopSnapshot {
         let operation = "read the whole database"
         do {
             return try await client.withWatchedConnection { connection in
-                func query<T>(_ sql: String, _ decode: (Row) throws -> T) async throws -> [T] {
-                    try await connection.query(PostgresValue.query(sql, []), logger: Self.quiet).collect()
+                func query<T>(
+                    _ sql: String, binding values: [PostgresValue] = [], _ decode: (Row) throws -> T
+                ) async throws -> [T] {
+                    try await connection.query(PostgresValue.query(sql, values), logger: Self.quiet).collect()
                         .map { try decode(Row($0)) }
                 }
                 _ = try await query("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY") { _ in () }
                 do {
                     let snapshot = HopSnapshot(
                         runs: try await query(
-                            "SELECT \(RunRecord.pgColumns) FROM runs ORDER BY id", RunRecord.init(pg:)),
+                            "SELECT \(RunRecord.pgColumnsJudgingLeases(grace: "$1")) FROM runs ORDER BY id",
+                            binding: [.int(Self.graceAfterServerStart)], RunRecord.init(pg:)),
                         history: try await query(
                             "SELECT \(HistoryEntry.pgColumns) FROM history ORDER BY run_id, seq", HistoryEntry.init(pg:)
                         ),

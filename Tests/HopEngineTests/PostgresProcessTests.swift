@@ -241,7 +241,8 @@ import Testing
     /// expired: the owner renews its lease as soon as it holds its liveness lock again, and no
     /// lease is taken as expired in the first 15 s of a server. Before, B took the run over as
     /// soon as it was back, and the splash ran a second time beside the first. Meanwhile
-    /// `hopctl status` says A's lease is live, as it is to every engine (before, "expired").
+    /// `hopctl status` says A's lease is live, as it is to every engine (before, "expired"), and
+    /// `hopctl copy` warns that A holds a run (before, it counted the lease as run out).
     @Test(.enabled(if: available))
     func aServerStoppedForLongerThanALeaseNeverHandsARunInFlightToTheDaemonBackFirst() async throws {
         let (server, url) = try await PostgresServer.ofItsOwn(database: "outage")
@@ -277,6 +278,10 @@ import Testing
             try JSONSerialization.jsonObject(with: Data(status.stdout.utf8)) as? [[String: Any]], "\(status.stdout)")
         let first = try #require(shown.first { $0["run"] as? Int == 1 }, "\(status.stdout)")
         #expect(first["lease_live"] as? Bool == true, "A's lease shown as run out in the grace: \(first)")
+        // And `hopctl copy` warns that a copy made now leaves out what A does next.
+        let copy = try await run("hopctl", ["copy", "--from", url, "--to", folder.path("copy.sqlite")], in: folder)
+        #expect(copy.status == 0, "\(copy.stderr)")
+        #expect(copy.stderr.contains("1 run was held by a running engine"), "no warning: \(copy.stderr)")
         owner.kill(SIGCONT)
         try await waitUntil("A holds its liveness lock again", timeout: .seconds(30)) {
             (try? await holders())?.count == 2
