@@ -109,6 +109,7 @@ import Testing
             "Self.runsTableNow", "PostgresStore.runsTableNow",  // the object id of the `runs` table
             "AdvisoryLock.heldOnKey",  // the constant condition that a liveness lock on `k.key` is held
             #"PostgresStore.leaseRunOut(grace: "$4")"#,  // a lease's end, over a placeholder only
+            #"RunRecord.pgColumnsJudgingLeases(grace: "$1")"#,  // the run columns, a lease's end over a placeholder
             "runColumns",  // a backend's column list of its run records (LatestRuns)
             // A file's condition on a lease, over placeholders only (HopStore+Ownership).
             #"leaseOver(wall: "?2", boot: "?5", uptime: "?6")"#,
