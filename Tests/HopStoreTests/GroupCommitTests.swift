@@ -125,6 +125,27 @@ extension HopStore {
         try await store.makeDurable()  // nothing open: nothing to do
     }
 
+    /// A store let go of while its commit delay runs (its coalesced writes committed by
+    /// `makeDurable`, the delay's timer still set) leaves nothing behind once its thread ends.
+    /// Before, the thread ended with the timer set: the timer's work held the thread's queue
+    /// (through the executor it starts its task on) and the queue held the work, so both,
+    /// with the thread's lock and condition, stayed in memory for the life of the process
+    /// (found by `script/sanitize address`'s leak check).
+    @Test func aStoreLetGoWhileItsCommitDelayRunsLeavesNothingBehind() async throws {
+        let folder = try TemporaryDirectory()
+        weak var flowExecutor: StoreExecutor.FlowExecutor?
+        do {
+            let store = try await Self.holdingStore(folder)  // a delay of 600 s
+            flowExecutor = store.executor.flowExecutor
+            let run = try await store.startRun(flow: "f", subject: "s", version: "1").run
+            try await store.recordDecision(runID: run.id, name: "a", value: "1", durability: .coalesced)
+            try await store.makeDurable()
+        }
+        try await waitUntil("the let-go store's thread, queue and timer are gone", timeout: .seconds(20)) {
+            flowExecutor == nil
+        }
+    }
+
     @Test func aCoalescedWriteThatRefusesFailsAloneAndChangesNothing() async throws {
         let folder = try TemporaryDirectory()
         let store = try await Self.holdingStore(folder)

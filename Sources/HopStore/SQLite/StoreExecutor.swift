@@ -42,7 +42,7 @@ final class StoreExecutor: SerialExecutor, @unchecked Sendable {
 
     /// Runs `work` as a job of `flowExecutor` once `delay` has passed, in place of the work
     /// an earlier call set that has not run yet. The thread waits for it itself: no task
-    /// sleeps, so no timer thread wakes it.
+    /// sleeps, so no timer thread wakes it. A timer not yet due when the thread stops never runs.
     func setTimer(after delay: Duration, _ work: @escaping @Sendable () async -> Void) {
         let executor = flowExecutor
         jobs.setTimer(at: ContinuousClock.now.advanced(by: delay)) {
@@ -139,7 +139,13 @@ private final class JobQueue: @unchecked Sendable {
                 }
             }
             if queue.isEmpty && due == nil {
+                // Stopped: a timer not yet due ends with the thread. Kept, its work (which
+                // holds this queue through the flow executor) and the queue would hold each
+                // other for the life of the process. Released once the lock is let go.
+                let dropped = timer
+                timer = nil
                 condition.unlock()
+                withExtendedLifetime(dropped) {}
                 return
             }
             swap(&batch, &queue)
