@@ -182,7 +182,8 @@ import Testing
     static func execute(_ sql: String, on path: String) -> Bool {
         var db: OpaquePointer?
         defer { sqlite3_close(db) }
-        return sqlite3_open(path, &db) == SQLITE_OK && sqlite3_exec(db, sql, nil, nil, nil) == SQLITE_OK
+        return sqlite3_open(path, &db) == SQLITE_OK && sqlite3_busy_timeout(db, 5_000) == SQLITE_OK
+            && sqlite3_exec(db, sql, nil, nil, nil) == SQLITE_OK
     }
 
     @Test func historiesOfManyRunsAreReadInOrderPerRun() async throws {

@@ -77,17 +77,24 @@ import Testing
                 "INSERT INTO history (run_id, seq, kind, at) VALUES (1, \(seq + 1), '\(kind.rawValue)', 0)")
         }
         for kind in ["bogus", "Hop", "hop ", ""] {
-            #expect(throws: TestFailure.self, "\(kind)") {
+            let refusal = #expect(throws: TestFailure.self, "\(kind)") {
                 try rawSQL(
                     folder.database, "INSERT INTO history (run_id, seq, kind, at) VALUES (1, 1000, '\(kind)', 0)")
             }
+            #expect(
+                refusal?.description.contains("CHECK constraint failed") == true,
+                "\(kind): \(String(describing: refusal))")
         }
     }
 
     private func rawSQL(_ path: String, _ sql: String) throws {
         var db: OpaquePointer?
         defer { sqlite3_close(db) }
-        guard sqlite3_open(path, &db) == SQLITE_OK, sqlite3_exec(db, sql, nil, nil, nil) == SQLITE_OK else {
+        // The store that made the file may still be closing it (its last connection checkpoints
+        // the log under an exclusive lock): wait for it as the store's own connections do.
+        guard sqlite3_open(path, &db) == SQLITE_OK, sqlite3_busy_timeout(db, 5_000) == SQLITE_OK,
+            sqlite3_exec(db, sql, nil, nil, nil) == SQLITE_OK
+        else {
             throw TestFailure("raw SQL failed: \(String(cString: sqlite3_errmsg(db)))")
         }
     }

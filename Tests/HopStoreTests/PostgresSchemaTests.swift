@@ -31,7 +31,10 @@ import Testing
         defer { sqlite3_close(db) }
         var statement: OpaquePointer?
         defer { sqlite3_finalize(statement) }
-        guard sqlite3_open(path, &db) == SQLITE_OK, sqlite3_prepare_v2(db, sql, -1, &statement, nil) == SQLITE_OK
+        // The store that made the file may still be closing it (its last connection checkpoints
+        // the log under an exclusive lock): wait for it as the store's own connections do.
+        guard sqlite3_open(path, &db) == SQLITE_OK, sqlite3_busy_timeout(db, 5_000) == SQLITE_OK,
+            sqlite3_prepare_v2(db, sql, -1, &statement, nil) == SQLITE_OK
         else {
             throw TestFailure("SQLite: \(String(cString: sqlite3_errmsg(db)))")
         }
