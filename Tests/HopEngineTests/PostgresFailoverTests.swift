@@ -85,7 +85,8 @@ import Glibc
     /// goes on to onboarding.
     @Test(.enabled(if: PostgresProcessTests.available), arguments: [LastCommitsLost.failover, .physicalRestore])
     func aDaemonWhoseLastCommitsWereLostExecutesItsRunAgainFromTheServer(_ how: LastCommitsLost) async throws {
-        let (primary, standby, front) = try await Front.toAPrimaryWithAStandby(database: "lost")
+        // Only a failover needs a standby: a physical restore puts a backup in the primary's place.
+        let (primary, standby, front) = try await Front.toAPrimary(database: "lost", withStandby: how == .failover)
         let folder = try TemporaryDirectory()
         let owner = try ChildProcess(
             "hop-test-daemon",
@@ -106,6 +107,7 @@ import Glibc
         var backup: TemporaryDirectory?
         switch how {
         case .failover:
+            let standby = try #require(standby)
             try await waitUntil("the standby replayed A's hop to its splash") {
                 (try? await entries(on: standby)) == ["hop:splash"]
             }
@@ -123,6 +125,7 @@ import Glibc
         let server: PostgresServer
         switch how {
         case .failover:
+            let standby = try #require(standby)
             try await primary.stopAtOnce()
             try await standby.promote()
             try front.point(to: standby)
@@ -197,8 +200,18 @@ private struct Front {
     static func toAPrimaryWithAStandby(
         database name: String
     ) async throws -> (primary: PostgresServer, standby: PostgresServer, front: Front) {
+        let (primary, standby, front) = try await toAPrimary(database: name, withStandby: true)
+        guard let standby else { throw TestFailure("no standby was made") }
+        return (primary, standby, front)
+    }
+
+    /// A server of a test's own with database `name`, its standby when `withStandby`, and a
+    /// front that reaches the server.
+    static func toAPrimary(
+        database name: String, withStandby: Bool
+    ) async throws -> (primary: PostgresServer, standby: PostgresServer?, front: Front) {
         let (primary, _) = try await PostgresServer.ofItsOwn(database: name)
-        let standby = try await primary.standby()
+        let standby = withStandby ? try await primary.standby() : nil
         let front = try Front(database: name)
         try front.point(to: primary)
         return (primary, standby, front)
