@@ -196,6 +196,9 @@ final class RunExecutor: FlowExecution {
     /// How often a wait for a deadline that goes by the wall clock reads the clock again.
     static let wallClockLook = Duration.seconds(1)
 
+    /// The longest single sleep of a wait: about 31 years, well within the system timers' reach.
+    static let longestSleep = Duration.seconds(1_000_000_000)
+
     /// Waits until `deadline` by the storage's clock (a durable sleep's, a step's timeout).
     ///
     /// A deadline of this process, or of this boot (kept by the uptime clock), or a server's is
@@ -205,10 +208,21 @@ final class RunExecutor: FlowExecution {
     /// time, so that it comes when the clock says once NTP has set a clock that booted stale.
     /// Before, a sleep or a step's timeout resumed on a device that booted with its clock an
     /// hour behind lasted an hour too long, however soon NTP set the clock right.
+    ///
+    /// No single sleep is longer than ``longestSleep``: the system's timers (dispatch's) take a
+    /// deadline more than about 292 years ahead for "never", and the runtime's wake-up for such a
+    /// sleep was never freed, cancelled or not (a step's timeout of `Int64.max / 2` seconds, found
+    /// by `script/sanitize address`).
     func wait(until deadline: Date, byTheWallClock: Bool) async throws {
         var remaining = deadline.timeIntervalSince(storage.now())
         guard byTheWallClock else {
-            if remaining > 0 { try await Task.sleep(for: Self.sleepDuration(seconds: remaining)) }
+            guard remaining > 0 else { return }
+            let end = ContinuousClock.now.advanced(by: Self.sleepDuration(seconds: remaining))
+            var now = ContinuousClock.now
+            while now < end {
+                try await Task.sleep(until: min(end, now.advanced(by: Self.longestSleep)), clock: .continuous)
+                now = ContinuousClock.now
+            }
             return
         }
         while remaining > 0 {
