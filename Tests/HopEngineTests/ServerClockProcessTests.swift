@@ -60,11 +60,15 @@ import Testing
         }
         let woke = try #require(try await entry(napping.id) { $0.kind == .hop && $0.step == "done" })
         let timedOut = try #require(try await entry(waiting.id) { $0.kind == .timeout })
+        // B takes A's runs over once A's liveness lock is gone and the database's first 15 s
+        // (counted from A's start, the first engine the server answered) are over: about 15 s
+        // after A started, more on a loaded machine. Two minutes late (deadlines by A's clock,
+        // ahead) would be well past the bound; at once (behind), before the first.
         for (what, entry) in [("the sleep ended", woke), ("the step timed out", timedOut)] {
             let after = entry.at.timeIntervalSince(launched)
             #expect(after >= 9.5, "\(what) \(after) s after A was launched: before its 10 s were up")
             #expect(
-                entry.at <= started.addingTimeInterval(16),
+                entry.at <= started.addingTimeInterval(40),
                 "\(what) \(entry.at.timeIntervalSince(started)) s after A started its runs: late")
         }
     }
