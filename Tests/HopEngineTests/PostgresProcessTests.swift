@@ -267,22 +267,31 @@ import Testing
         try await waitUntil("B holds its liveness lock again", timeout: .seconds(30)) {
             (try? await holders())?.count == 1
         }
+        // A's lease ended by the server's clock while the server was away, and A is still frozen.
+        // `hopctl status` shows it live, and `hopctl copy` warns that a copy made now leaves out
+        // what A does next. Both run while B polls, so that A is kept frozen no longer than need be.
+        async let statusResult = run("hopctl", ["status", "--json", "--db", url], in: folder)
+        async let copyResult = run("hopctl", ["copy", "--from", url, "--to", folder.path("copy.sqlite")], in: folder)
         // B polls every 20 ms: without the grace it takes the run well within these 3 s.
         try await waitUntil("B has polled for 3 s") {
             ContinuousClock.now - started > .seconds(3)
         }
-        // A's lease ended by the server's clock while the server was away, and A is still frozen.
-        let status = try await run("hopctl", ["status", "--json", "--db", url], in: folder)
+        let (status, copy) = try await (statusResult, copyResult)
+        // The test's premise: A is woken well within the server's first 15 s, with time left to
+        // take its liveness lock again and renew its lease. Past them, B may take the run A did
+        // not renew, rightly. On a machine too loaded for that (the two commands took 5.5 s
+        // once with the whole suite running), the test fails here, saying so, not below as if
+        // the run had changed hands wrongly.
+        let frozen = ContinuousClock.now - started
+        try #require(frozen < .seconds(10), "A still frozen \(frozen) after the server's start: too late to wake it")
+        owner.kill(SIGCONT)
         #expect(status.status == 0, "\(status.stderr)")
         let shown = try #require(
             try JSONSerialization.jsonObject(with: Data(status.stdout.utf8)) as? [[String: Any]], "\(status.stdout)")
         let first = try #require(shown.first { $0["run"] as? Int == 1 }, "\(status.stdout)")
         #expect(first["lease_live"] as? Bool == true, "A's lease shown as run out in the grace: \(first)")
-        // And `hopctl copy` warns that a copy made now leaves out what A does next.
-        let copy = try await run("hopctl", ["copy", "--from", url, "--to", folder.path("copy.sqlite")], in: folder)
         #expect(copy.status == 0, "\(copy.stderr)")
         #expect(copy.stderr.contains("1 run was held by a running engine"), "no warning: \(copy.stderr)")
-        owner.kill(SIGCONT)
         try await waitUntil("A holds its liveness lock again", timeout: .seconds(30)) {
             (try? await holders())?.count == 2
         }
