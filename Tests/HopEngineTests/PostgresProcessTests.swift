@@ -277,9 +277,10 @@ import Testing
         let status = try await statusResult
         // The test's premise: A is woken well within the server's first 15 s, with time left to
         // take its liveness lock again and renew its lease. Past them, B may take the run A did
-        // not renew, rightly. On a machine too loaded for that (hopctl status and copy took up to
-        // 9 s here with the whole suite running), the test fails here, saying so, not below as if
-        // the run had changed hands wrongly. `hopctl copy`'s part is in the next test.
+        // not renew, rightly. On a machine too loaded for that (A was still frozen 11.9 s after
+        // the server's start once, hopctl status and copy run while B polled, with the whole
+        // suite running), the test fails here, saying so, not below as if the run had changed
+        // hands wrongly. `hopctl copy`'s part is in the next test.
         let frozen = ContinuousClock.now - started
         try #require(frozen < .seconds(10), "A still frozen \(frozen) after the server's start: too late to wake it")
         owner.kill(SIGCONT)
