@@ -420,8 +420,10 @@ import Testing
         defer { service.cancel() }
         #expect(try metrics.expectGauge("hop_database_up").lastValue == 1)
 
-        storage.fail("changeVersion()", times: 40, as: .ioFailure)
-        try await HopStoreTestSupport.waitUntil("the engine reports the database answers", timeout: .seconds(60)) {
+        // Ten failed polls: a poll every 50 ms, but with the whole suite on 2 cores 40 of them
+        // took up to 49 s of the 60 s this wait allowed.
+        storage.fail("changeVersion()", times: 10, as: .ioFailure)
+        try await HopStoreTestSupport.waitUntil("the engine reports the database answers", timeout: .seconds(120)) {
             events.said.contains("answers")
         }
         #expect(storage.pendingFaults("changeVersion()") == 0)
