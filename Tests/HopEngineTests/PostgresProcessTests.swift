@@ -240,8 +240,7 @@ import Testing
     /// between tries after a long outage). Another daemon back first must not take its run as
     /// expired: the owner renews its lease as soon as it holds its liveness lock again, and no
     /// lease is taken as expired in the first 15 s of a server. Before, B took the run over as
-    /// soon as it was back, and the splash ran a second time beside the first. Meanwhile
-    /// `hopctl status` says A's lease is live, as it is to every engine (before, "expired").
+    /// soon as it was back, and the splash ran a second time beside the first.
     @Test(.enabled(if: available))
     func aServerStoppedForLongerThanALeaseNeverHandsARunInFlightToTheDaemonBackFirst() async throws {
         let (server, url) = try await PostgresServer.ofItsOwn(database: "outage")
@@ -266,29 +265,19 @@ import Testing
         try await waitUntil("B holds its liveness lock again", timeout: .seconds(30)) {
             (try? await holders())?.count == 1
         }
-        // A's lease ended by the server's clock while the server was away, and A is still frozen:
-        // `hopctl status` shows it live, as it is to every engine (before, "expired"). Run while
-        // B polls, so that A is kept frozen no longer than need be.
-        async let statusResult = run("hopctl", ["status", "--json", "--db", url], in: folder)
         // B polls every 20 ms: without the grace it takes the run well within these 3 s.
         try await waitUntil("B has polled for 3 s") {
             ContinuousClock.now - started > .seconds(3)
         }
-        let status = try await statusResult
         // The test's premise: A is woken well within the server's first 15 s, with time left to
         // take its liveness lock again and renew its lease. Past them, B may take the run A did
-        // not renew, rightly. On a machine too loaded for that (A was still frozen 11.9 s after
-        // the server's start once, hopctl status and copy run while B polled, with the whole
-        // suite running), the test fails here, saying so, not below as if the run had changed
-        // hands wrongly. `hopctl copy`'s part is in the next test.
+        // not renew, rightly. On a machine too loaded for that, the test fails here, saying so,
+        // not below as if the run had changed hands wrongly. What hopctl shows of A's lease
+        // meanwhile is the next test's: here `hopctl status` and `copy` kept A frozen up to
+        // 11.9 s after the server's start with the whole suite running.
         let frozen = ContinuousClock.now - started
         try #require(frozen < .seconds(10), "A still frozen \(frozen) after the server's start: too late to wake it")
         owner.kill(SIGCONT)
-        #expect(status.status == 0, "\(status.stderr)")
-        let shown = try #require(
-            try JSONSerialization.jsonObject(with: Data(status.stdout.utf8)) as? [[String: Any]], "\(status.stdout)")
-        let first = try #require(shown.first { $0["run"] as? Int == 1 }, "\(status.stdout)")
-        #expect(first["lease_live"] as? Bool == true, "A's lease shown as run out in the grace: \(first)")
         try await waitUntil("A holds its liveness lock again", timeout: .seconds(30)) {
             (try? await holders())?.count == 2
         }
@@ -302,9 +291,10 @@ import Testing
     /// A lease whose end has passed is held still in the server's first 15 s (counted from when
     /// an engine first found it answering), to every engine and to hopctl: `hopctl status` shows
     /// it live, and `hopctl copy` warns that the copy leaves out what its engine does next. Past
-    /// those seconds it has run out: shown so, and no warning. Before, `copy` judged the lease
-    /// by its end alone and said nothing in the grace. The server's start is set as first seen
-    /// in the future (then an hour ago), so that the commands' speed does not matter.
+    /// those seconds it has run out: shown so, and no warning. Before, `status` said "expired"
+    /// and `copy` said nothing in the grace: each judged the lease by its end alone. The
+    /// server's start is set as first seen in the future (then an hour ago), so that the
+    /// commands' speed does not matter.
     @Test(.enabled(if: available))
     func statusAndCopyTakeALeaseThatEndedInTheServersFirstSecondsForHeld() async throws {
         let folder = try TemporaryDirectory()
