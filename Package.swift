@@ -140,6 +140,10 @@ let package = Package(
             path: "Tests/HopTestDaemon"
         ),
         .executableTarget(
+            name: "hop-test-proxy",
+            path: "Tests/HopTestProxy"
+        ),
+        .executableTarget(
             name: "hop-test-store",
             dependencies: ["HopStore", "CSQLite"],
             path: "Tests/HopTestStore"
@@ -183,7 +187,7 @@ let package = Package(
             name: "HopEngineTests",
             dependencies: [
                 "HopEngine", "HopTesting", "HopTestSupport", "HopPostgres", "hop-test-daemon", "hopctl",
-                "hopctl-postgres", "hop-demo", "hop-test-blocking",
+                "hopctl-postgres", "hop-demo", "hop-test-blocking", "hop-test-proxy",
                 // Only to make the pool's errors that HopPostgres recognizes (PostgresErrorTests).
                 .product(name: "_ConnectionPoolModule", package: "postgres-nio"),
                 .product(name: "PostgresNIO", package: "postgres-nio"),

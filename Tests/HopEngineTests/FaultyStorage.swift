@@ -25,6 +25,8 @@ final class FaultyStorage: HopStorage {
         var byName: [String: [String]] = [:]
         /// What the releases wait for before they reach the database, if anything.
         var heldReleases: Gate?
+        /// What the lease renewals and claims wait for before they reach the database, if anything.
+        var heldLeases: Gate?
     }
     private let faults = Mutex(Faults())
 
@@ -42,6 +44,12 @@ final class FaultyStorage: HopStorage {
     /// Holds every release until `gate` opens, as a database slow to answer it would (it fails
     /// as it would have then); the trace notes when each held release ended.
     func holdReleases(until gate: Gate) { faults.withLock { $0.heldReleases = gate } }
+
+    /// Holds every lease renewal and claim until `gate` opens, as a database cut off from the
+    /// engine would: unanswered, neither failed nor done.
+    func holdLeases(until gate: Gate) { faults.withLock { $0.heldLeases = gate } }
+
+    private func passLeaseGate() async { await faults.withLock { $0.heldLeases }?.wait() }
 
     /// Fails the `number`th call from now, whichever it is (1: the next).
     func failCall(number: Int) { faults.withLock { $0.failing = $0.calls + number } }
@@ -213,16 +221,19 @@ final class FaultyStorage: HopStorage {
     }
 
     func claim(runID: Int64, owner: String, until: Date) async throws -> RunRecord? {
+        await passLeaseGate()
         try check()
         return try await base.claim(runID: runID, owner: owner, until: until)
     }
 
     func claim(runIDs: [Int64], owner: String, until: Date) async throws -> [RunRecord] {
+        await passLeaseGate()
         try check()
         return try await base.claim(runIDs: runIDs, owner: owner, until: until)
     }
 
     func renewLeases(owner: String, runIDs: [Int64], until: Date) async throws -> Set<Int64> {
+        await passLeaseGate()
         try check()
         return try await base.renewLeases(owner: owner, runIDs: runIDs, until: until)
     }

@@ -41,6 +41,8 @@ import Synchronization
 //                executions stopped, its records durable), then the process prints "stopped" and exits 0
 //   --retention S prunes runs that finished more than S seconds ago, keeping each subject's newest,
 //                every 100 ms (Configuration.retention)
+//   --stop-on-lapse  stops executing a run whose lease it could not renew in time
+//                (Configuration.lapsedLeases = .stopExecuting)
 // Environment:
 //   HOP_TEST_KILL_AT=<point>   SIGKILL this process at the point, e.g. "before:hop:splash", "after:unhop:login"
 //   HOP_TEST_STOP_AT=<point>   SIGSTOP this process the first time it reaches the point (the test sends SIGCONT)
@@ -76,6 +78,7 @@ struct Options {
     var code: String?
     var patch = false
     var retention: Double?
+    var stopOnLapse = false
     var fleet = false
     var graceful = false
     var flow = "startup"
@@ -104,6 +107,7 @@ struct Options {
             case "--graceful": options.graceful = true
             case "--flow": options.flow = arguments.popFirst() ?? "startup"
             case "--retention": options.retention = Double(arguments.popFirst() ?? "")
+            case "--stop-on-lapse": options.stopOnLapse = true
             default:
                 FileHandle.standardError.write(Data("unknown argument \(argument)\n".utf8))
                 exit(64)
@@ -211,6 +215,7 @@ do {
             HopEngine.Retention(finishedAfter: .milliseconds(Int64($0 * 1000)), interval: .milliseconds(100))
         })
     if splashRunsOn { configuration.heldUnhopLimit = .seconds(600) }
+    if options.stopOnLapse { configuration.lapsedLeases = .stopExecuting }
     let engine = HopEngine(database: database, logger: logger, configuration: configuration)
     for version in options.versions.isEmpty ? [version] : options.versions {
         engine.register(startupFlow(version: version))

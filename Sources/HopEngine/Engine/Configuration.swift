@@ -43,6 +43,11 @@ extension HopEngine {
         /// Removes finished runs and their history periodically while the engine runs (as
         /// `hopctl prune` does); `nil`, the default, keeps every run.
         public var retention: Retention?
+        /// What the engine does with a run whose lease it could not renew before the lease
+        /// ended, by its own clock: go on executing its step (``LapsedLeases/keepExecuting``,
+        /// the default) or stop it (``LapsedLeases/stopExecuting``). Only an engine cut off from
+        /// its database for longer than a lease meets one; see ``LapsedLeases`` for the trade.
+        public var lapsedLeases: LapsedLeases = .keepExecuting
         /// How long the unhop of a step that returned waits for its run's next record before it
         /// is written alone (`HeldUnhops`); tests lengthen it to hold one on purpose.
         package var heldUnhopLimit: Duration = .milliseconds(2)
@@ -102,6 +107,31 @@ extension HopEngine.Configuration {
 }
 
 extension HopEngine {
+    /// What an engine does with the runs whose leases it could not renew before they ended:
+    /// its database did not answer it for as long as a lease (a network partition, a server
+    /// stopped, restarted or failed over, a process frozen past its lease).
+    ///
+    /// The engine cannot tell a server that is away (which hands no run to any engine meanwhile,
+    /// and grants every engine 15 s after it starts to renew its leases) from a server that runs
+    /// on without it (where another engine takes each run over once its lease has expired). The
+    /// choice is between two costs.
+    public enum LapsedLeases: Sendable, Hashable {
+        /// Go on executing the steps: a step runs once across a server's restart or failover,
+        /// however long. When the server ran on, another engine takes the runs over once their
+        /// leases expired and enters their steps again while they still run here, until this
+        /// engine hears from the database again; it then stops them and writes nothing more to
+        /// them (every write is fenced by owner).
+        case keepExecuting
+        /// Stop executing (cancel the steps of) every run whose lease was neither renewed nor
+        /// taken in the last ``Configuration/leaseDuration`` less a tenth of it (at most a second),
+        /// by this process's monotonic clock: from then on another engine may take the run over,
+        /// and finds its step stopped here. Once the database answers, this engine executes
+        /// again, from their history, those no other engine took over meanwhile: their steps run
+        /// again, after a restart or failover of the server too. For steps that must never run
+        /// on two engines at once.
+        case stopExecuting
+    }
+
     /// Which finished runs a running engine removes, and how often it looks (see
     /// ``Configuration/retention``). Unfinished runs, first-use flags and sessions are never
     /// removed; each prune goes a batch of runs per transaction, beside the engine's own writes.

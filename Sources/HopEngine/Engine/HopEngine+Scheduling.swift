@@ -9,7 +9,7 @@ extension HopEngine {
     ///
     /// - Parameter claimed: the run's history, when this engine has already claimed the run
     ///   and read it (a resume of many runs does both in bulk, for free places only).
-    func execute(_ run: RunRecord, claimed: [HistoryEntry]? = nil) {
+    func execute(_ run: RunRecord, claimed: Claim? = nil) {
         guard !stopping else {
             lettingGo.append(run.id)  // it stays in the database as it is, for the next engine
             return
@@ -27,7 +27,7 @@ extension HopEngine {
     }
 
     /// Starts the task that executes `run`.
-    private func launch(_ run: RunRecord, claimed: [HistoryEntry]?) {
+    private func launch(_ run: RunRecord, claimed: Claim?) {
         guard let definition = environment.flow(named: run.flow, version: run.flowVersion) else {
             // Left alone, not failed: an engine that has its version carries it on.
             logger.info(

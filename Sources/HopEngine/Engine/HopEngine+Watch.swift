@@ -73,6 +73,12 @@ extension HopEngine: Service {
                     await self.renewLeases()
                     return nil
                 }
+                if self.configuration.lapsedLeases == .stopExecuting {
+                    group.addTask {
+                        await self.stopRunsWhoseLeasesLapse()
+                        return nil
+                    }
+                }
                 // Only the watch ends by itself, and only when the engine cannot go on.
                 for await case let error? in group {
                     group.cancelAll()
@@ -207,6 +213,9 @@ extension HopEngine: Service {
     /// lease of the fleet has expired, the engine renews its leases at the first chance, before
     /// another engine takes its runs as expired. Before, the next try came a third of a lease
     /// later (20 s with a lease of a minute).
+    ///
+    /// Once a renewal succeeds, the runs stopped here because their leases lapsed
+    /// (``LapsedLeases/stopExecuting``) are executed again.
     private func renewLeases() async {
         var failures = RepeatedFailures()
         let interval = configuration.leaseDuration / 3
@@ -214,10 +223,14 @@ extension HopEngine: Service {
         while !Task.isCancelled {
             do {
                 try await Task.sleep(for: wait)
-                let held = environment.holdings.withLock { Array($0.held) }
-                try await storage.renewLeases(owner: id, runIDs: held, until: environment.leaseEnd)
+                // Asked for now: each lease renewed ends no sooner than a lease from now.
+                let asked = ContinuousClock.now
+                let runIDs = environment.holdings.withLock { $0.renewable }
+                let renewed = try await storage.renewLeases(owner: id, runIDs: runIDs, until: environment.leaseEnd)
+                environment.holdings.withLock { $0.renewed(renewed, at: asked) }
                 failures.logSuccess(to: logger, Self.renewalLines)
                 wait = interval
+                await executeLapsedRunsAgain()
             } catch is CancellationError {
                 return
             } catch  where Task.isCancelled {
@@ -231,6 +244,58 @@ extension HopEngine: Service {
 
     /// How soon a lease renewal that failed is tried again.
     static let renewalRetry = Duration.milliseconds(500)
+
+    /// With ``LapsedLeases/stopExecuting``: stops executing each run whose lease was neither
+    /// taken nor renewed in the last ``lapsedAfter`` (its renewals failed, or wait unanswered),
+    /// until cancelled. From the lease's end on, another engine may take the run over: its
+    /// step must not be running here any more. Waits for the next lease due to lapse, or a third
+    /// of a lease, whichever comes first; a lease renewed meanwhile is looked at again then.
+    private func stopRunsWhoseLeasesLapse() async {
+        let kept = Self.lapsedAfter(configuration.leaseDuration)
+        let longestWait = configuration.leaseDuration / 3
+        while !Task.isCancelled {
+            let now = ContinuousClock.now
+            let lapsed = environment.holdings.withLock { $0.lapse(before: now - kept) }
+            if !lapsed.isEmpty {
+                for runID in lapsed { executing[runID]?.cancel() }
+                logger.warning(
+                    "could not renew the leases of runs before they ended (the database did not answer); stopped executing them, writing nothing more: another engine may take them over; once the database answers, those no other engine took are executed again from their history",
+                    metadata: [
+                        "hop.runs": "\(lapsed.count)",
+                        "hop.run": "\(lapsed.sorted().prefix(20).map(String.init).joined(separator: ","))",
+                    ])
+            }
+            let next = environment.holdings.withLock { $0.oldestLease }.map { $0 + kept } ?? now + longestWait
+            do {
+                try await Task.sleep(until: min(next, now + longestWait), clock: .continuous)
+            } catch {
+                return
+            }
+        }
+    }
+
+    /// How long after it was asked for an engine takes a lease as kept: the lease less a tenth
+    /// of it, at most a second (the lease in the database ends no sooner than the whole of it),
+    /// so that a run is stopped here before another engine can find its lease expired.
+    static func lapsedAfter(_ lease: Duration) -> Duration {
+        lease - min(lease / 10, .seconds(1))
+    }
+
+    /// Executes again the runs stopped here because their leases lapsed, once they settled,
+    /// now that the database answers: at once, rather than when their leases expire. Each is
+    /// claimed first, so one that another engine took over meanwhile is left to it.
+    private func executeLapsedRunsAgain() async {
+        let settled = environment.holdings.withLock { holdings in
+            holdings.lapsed.filter { holdings.held[$0] == nil }
+        }
+        let ready = settled.filter { executing[$0] == nil }
+        guard !ready.isEmpty else { return }
+        environment.holdings.withLock { $0.lapsed.subtract(ready) }
+        logger.info(
+            "the database answers again: executing again the runs stopped when their leases lapsed",
+            metadata: ["hop.runs": "\(ready.count)"])
+        await execute(runIDs: ready.sorted())
+    }
 
     /// The configured retention, or `nil` when there is none or its settings can never work
     /// (said once, at the error level).

@@ -147,12 +147,13 @@ public actor HopEngine {
                 .notRegistered,
                 "no flow is registered under '\(flow)': register it with engine.register(Flow(\"\(flow)\", …))")
         }
+        let leasedAt = ContinuousClock.now
         let (run, created) = try await storage.startRun(
             flow: flow, subject: subject, version: definition.version, owner: id, until: environment.leaseEnd,
             durability: .coalesced)
         if created {
             logger.info("started run", metadata: environment.metadata(run))
-            execute(run, claimed: [])  // held by this engine since it was written, with no history
+            execute(run, claimed: Claim(history: [], leasedAt: leasedAt))  // held since it was written, with no history
         } else if run.status == .running {
             execute(run)
         }

@@ -36,6 +36,7 @@ extension HopEngine {
         // its runs start while the next batch is read.
         for start in stride(from: 0, to: candidates.count, by: Self.resumeBatch) {
             let batch = candidates[start..<min(start + Self.resumeBatch, candidates.count)].map(\.id)
+            let leasedAt = ContinuousClock.now
             let claimed = try await storage.claim(runIDs: batch, owner: id, until: environment.leaseEnd)
             let histories: [Int64: [HistoryEntry]]
             do {
@@ -53,7 +54,7 @@ extension HopEngine {
             }
             for run in claimed {
                 if executing[run.id] == nil {
-                    execute(run, claimed: histories[run.id] ?? [])
+                    execute(run, claimed: Claim(history: histories[run.id] ?? [], leasedAt: leasedAt))
                 } else {
                     executeAgain.insert(run.id)  // an execution that could not claim it is settling
                 }
@@ -84,16 +85,19 @@ extension ExecutionEnvironment {
     /// Claims `run` for this engine and reads its history; `nil` when another live engine holds
     /// it or it no longer runs.
     func claim(_ run: RunRecord) async throws -> [HistoryEntry]? {
+        var leasedAt = ContinuousClock.now
         if try await storage.claim(runID: run.id, owner: owner, until: leaseEnd) == nil {
             // Held elsewhere: by a live engine, or by one whose process is gone (a restart).
             guard try await releaseRunsOfDeadEngines() > 0,
+                case let again = ContinuousClock.now,
                 try await storage.claim(runID: run.id, owner: owner, until: leaseEnd) != nil
             else {
                 logger(for: run).debug("run is held by another engine or no longer runs; not executing it")
                 return nil
             }
+            leasedAt = again
         }
-        holdings.withLock { _ = $0.held.insert(run.id) }
+        holdings.withLock { $0.hold(run.id, leasedAt: leasedAt) }
         return try await storage.history(runID: run.id)
     }
 

@@ -2,11 +2,24 @@ import Synchronization
 
 /// Which runs an engine holds, shared by its executions and its watch without an actor hop.
 struct Holdings: Sendable {
-    /// Runs this engine claimed and is executing.
-    var held: Set<Int64> = []
-    /// Held runs that another engine took over (this one was frozen past its lease): their
-    /// executions are cancelled and write nothing more.
+    /// Runs this engine claimed and is executing, each with when its lease was last taken or
+    /// renewed: the moment before the engine asked for it, so that the lease in the database
+    /// ends no sooner than a ``HopEngine/Configuration/leaseDuration`` after it.
+    var held: [Int64: ContinuousClock.Instant] = [:]
+    /// Held runs that another engine took over (this one was frozen past its lease), or whose
+    /// lease lapsed here (``HopEngine/LapsedLeases/stopExecuting``): their executions are
+    /// cancelled and write nothing more.
     var lost: Set<Int64> = []
+    /// Runs whose lease lapsed here and that were stopped: the engine executes them again once
+    /// its database answers, at once rather than when their leases expire (unless another
+    /// engine took them over meanwhile).
+    var lapsed: Set<Int64> = []
+
+    /// Records that this engine holds run `runID`, on a lease asked for at `leasedAt`.
+    mutating func hold(_ runID: Int64, leasedAt: ContinuousClock.Instant) {
+        held[runID] = leasedAt
+        lapsed.remove(runID)
+    }
     /// Runs that a caller waits to see settle (``HopEngine/settled(runID:)``): their execution
     /// reads the run as it ended, where it ran, for the engine to hand over.
     var awaited: Set<Int64> = []
@@ -16,12 +29,36 @@ struct Holdings: Sendable {
 
     /// Marks held run `runID` lost; `false` when it was not held or already marked.
     mutating func lose(_ runID: Int64) -> Bool {
-        held.contains(runID) && lost.insert(runID).inserted
+        held[runID] != nil && lost.insert(runID).inserted
     }
 
     mutating func settled(_ runID: Int64) {
-        held.remove(runID)
+        held[runID] = nil
         lost.remove(runID)
+    }
+
+    /// The held runs whose leases a renewal renews: those not lost.
+    var renewable: [Int64] { held.keys.filter { !lost.contains($0) } }
+
+    /// Records that the leases of `runIDs` were renewed by a renewal asked for at `instant`.
+    mutating func renewed(_ runIDs: some Sequence<Int64>, at instant: ContinuousClock.Instant) {
+        for runID in runIDs {
+            if let since = held[runID], since < instant { held[runID] = instant }
+        }
+    }
+
+    /// When the oldest lease of a held run not lost was taken or last renewed.
+    var oldestLease: ContinuousClock.Instant? {
+        held.lazy.filter { !lost.contains($0.key) }.map(\.value).min()
+    }
+
+    /// Marks lost, and lapsed, the held runs whose lease was taken or last renewed before
+    /// `cutoff`; returns them.
+    mutating func lapse(before cutoff: ContinuousClock.Instant) -> [Int64] {
+        let due = held.compactMap { $0.value < cutoff && !lost.contains($0.key) ? $0.key : nil }
+        lost.formUnion(due)
+        lapsed.formUnion(due)
+        return due
     }
 }
 
@@ -29,10 +66,22 @@ struct Holdings: Sendable {
 /// keeps it alive after the run's replay has let it go.
 final class ClaimedHistory: Sendable {
     private let history: Mutex<[HistoryEntry]?>
+    /// When the engine asked for the run's lease.
+    let leasedAt: ContinuousClock.Instant
 
-    init(_ history: [HistoryEntry]) { self.history = Mutex(history) }
+    init(_ claim: Claim) {
+        history = Mutex(claim.history)
+        leasedAt = claim.leasedAt
+    }
 
     func take() -> [HistoryEntry]? { history.withLock { $0.take() } }
+}
+
+/// What an engine that has just claimed a run hands its execution: the run's history, and
+/// when the engine asked for the run's lease.
+struct Claim: Sendable {
+    var history: [HistoryEntry]
+    var leasedAt: ContinuousClock.Instant
 }
 
 /// Why a flow body stopped early without failing: the engine's own control flow.

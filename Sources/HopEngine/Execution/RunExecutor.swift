@@ -41,12 +41,12 @@ final class RunExecutor: FlowExecution {
 
     var storage: any HopStorage { environment.storage }
 
-    /// - Parameter claimed: the run's history, when the engine has already claimed the run and
-    ///   read it (a resume of many runs does both in bulk).
+    /// - Parameter claimed: the run's history and when its lease was asked for, when the engine
+    ///   has already claimed the run and read it (a resume of many runs does both in bulk).
     /// - Parameter bodyExecutor: where the flow body runs: the store's thread
     ///   (``HopStorage/flowExecutor``), or `nil` for the cooperative pool.
     init(
-        run: RunRecord, definition: Flow, environment: ExecutionEnvironment, claimed: [HistoryEntry]?,
+        run: RunRecord, definition: Flow, environment: ExecutionEnvironment, claimed: Claim?,
         bodyExecutor: (any TaskExecutor)?
     ) {
         self.run = run
@@ -99,8 +99,8 @@ final class RunExecutor: FlowExecution {
     @inline(never)
     private func open(_ span: any Span) async throws -> Bool {
         let history: [HistoryEntry]
-        if let taken = claimed?.take() {
-            environment.holdings.withLock { _ = $0.held.insert(run.id) }
+        if let claimed, let taken = claimed.take() {
+            environment.holdings.withLock { $0.hold(run.id, leasedAt: claimed.leasedAt) }
             history = taken
         } else {
             guard let read = try await environment.claim(run) else { return false }
@@ -153,7 +153,7 @@ final class RunExecutor: FlowExecution {
         let (parks, wakeOn) = try hopKind(of: step)
         let deadline = timeout.map { storage.now().addingTimeInterval($0.timeInterval) }
         // Parking gives the run up: from its commit on, no engine holds it, which is no loss.
-        if parks { environment.holdings.withLock { _ = $0.held.remove(run.id) } }
+        if parks { environment.holdings.withLock { $0.held[run.id] = nil } }
         let recordedFrom = hook == nil ? nil : from
         let entry = try await record(
             .hop(step: step, from: recordedFrom, parks: parks, wakeOn: wakeOn, deadline: deadline), durability: .now)

@@ -1,0 +1,135 @@
+import Foundation
+import HopEngine
+import HopStore
+import HopStoreTestSupport
+import HopTestSupport
+import InMemoryLogging
+import Logging
+import Synchronization
+import Testing
+
+/// `Configuration.lapsedLeases`: what an engine does with a run whose lease it could not renew
+/// before the lease ended. The process tests cut an engine off from its PostgreSQL server for
+/// real (`PostgresPartitionTests`); these hold its renewals and claims unanswered in process.
+@Suite struct LapsedLeaseTests {
+    /// What the splash and the observer of a test's engine noted.
+    final class Notes: Sendable {
+        let list = Mutex<[String]>([])
+        let ready = Mutex(false)
+    }
+
+    /// The engine, its splash noting each entry ("entered") and each cancellation
+    /// ("cancelled"); the first entry lasts until cancelled, later ones return at once.
+    private static func engine(
+        _ storage: FaultyStorage, _ lapsedLeases: HopEngine.LapsedLeases, logs: InMemoryLogHandler, notes: Notes
+    ) -> HopEngine {
+        var configuration = HopEngine.Configuration(leaseDuration: .seconds(2))
+        configuration.lapsedLeases = lapsedLeases
+        configuration.observer = { event in
+            if case .ready = event { notes.ready.withLock { $0 = true } }
+        }
+        let engine = HopEngine(storage: storage, logger: logs.logger(label: "test"), configuration: configuration)
+        engine.register(startupFlow())
+        engine.register(step: "splash") { _ in
+            let first = notes.list.withLock { notes in
+                notes.append("entered")
+                return notes.count == 1
+            }
+            guard first else { return }
+            do {
+                try await Task.sleep(for: .seconds(600))
+            } catch {
+                notes.list.withLock { $0.append("cancelled") }
+                throw error
+            }
+        }
+        engine.register(step: "onboarding", .external)
+        engine.register(step: "login", .external(unhopWhen: .sessionStored))
+        engine.register(step: "main") { _ in }
+        return engine
+    }
+
+    /// With `.stopExecuting`, an engine whose renewals go unanswered stops its step once the
+    /// lease it took lapses (less a tenth), writing nothing; once its database answers, it
+    /// executes the run again from its history (the step runs again) and carries it on.
+    @Test(arguments: TestBackend.all)
+    func anEngineThatStopsOnALapsedLeaseStopsItsStepThenRunsItAgainOnceTheDatabaseAnswers(
+        backend: TestBackend
+    ) async throws {
+        let folder = try TemporaryDirectory()
+        let storage = FaultyStorage(try await backend.open(folder))
+        let logs = InMemoryLogHandler.keepingEverything()
+        let notes = Notes()
+        let engine = Self.engine(storage, .stopExecuting, logs: logs, notes: notes)
+        let service = Task { try await engine.run() }
+        defer { service.cancel() }
+        try await waitUntil("the engine runs") { notes.ready.withLock { $0 } }
+
+        let cutOff = Gate()
+        storage.holdLeases(until: cutOff)
+        let asked = ContinuousClock.now
+        let id = try await engine.start("startup").id
+        try await waitUntil("the splash is stopped", timeout: .seconds(60)) {
+            notes.list.withLock { $0.contains("cancelled") }
+        }
+        let after = ContinuousClock.now - asked
+        #expect(
+            after >= HopEngine.Configuration(leaseDuration: .seconds(2)).leaseDuration * 0.9,
+            "stopped \(after) after its lease was taken, before it lapsed")
+        #expect(notes.list.withLock { $0 } == ["entered", "cancelled"])
+        #expect(
+            logs.texts(atLeast: .warning).contains { $0.contains("could not renew the leases of runs") },
+            "\(logs.texts(atLeast: .warning))")
+        // Nothing written: the run is as it was when its step was entered, held by this engine.
+        #expect(try await path(of: id, in: storage.base) == ["hop splash"])
+        #expect(try await storage.base.run(id: id)?.owner == engine.incarnation.id)
+
+        cutOff.open()
+        try await waitUntil("the run parks at onboarding", timeout: .seconds(60)) {
+            let run = try await storage.base.run(id: id)
+            return run?.status == .parked && run?.currentStep == "onboarding"
+        }
+        #expect(notes.list.withLock { $0 } == ["entered", "cancelled", "entered"])
+        let history = try await storage.base.history(runID: id)
+        #expect(
+            try await path(of: id, in: storage.base) == [
+                "hop splash", "unhop splash", "decision isFirstUse(onboarding)", "hop onboarding",
+            ], "\(history)")
+        #expect(!history.contains { [HistoryKind.takeover, .error, .fail, .diverge].contains($0.kind) }, "\(history)")
+    }
+
+    /// With the default, `.keepExecuting`, the same engine's step runs on while the database
+    /// does not answer, and its end is recorded once the database answers: a step runs once
+    /// across an outage, however long.
+    @Test(arguments: TestBackend.all)
+    func anEngineThatKeepsExecutingOnALapsedLeaseLetsItsStepRunOn(backend: TestBackend) async throws {
+        let folder = try TemporaryDirectory()
+        let storage = FaultyStorage(try await backend.open(folder))
+        let logs = InMemoryLogHandler.keepingEverything()
+        let notes = Notes()
+        let engine = Self.engine(storage, .keepExecuting, logs: logs, notes: notes)
+        let service = Task { try await engine.run() }
+        defer { service.cancel() }
+        try await waitUntil("the engine runs") { notes.ready.withLock { $0 } }
+
+        let cutOff = Gate()
+        storage.holdLeases(until: cutOff)
+        let id = try await engine.start("startup").id
+        try await waitUntil("the splash is entered", timeout: .seconds(60)) {
+            notes.list.withLock { $0.contains("entered") }
+        }
+        // The lease in the database expires (a stopping engine stops its step before then).
+        try await waitUntil("the run's lease expired", timeout: .seconds(60)) {
+            let lease = try await storage.base.run(id: id)?.leaseExpiresAt
+            return lease.map { $0 < storage.base.now() } ?? false
+        }
+        #expect(notes.list.withLock { $0 } == ["entered"])
+        #expect(!logs.texts(atLeast: .warning).contains { $0.contains("could not renew the leases of runs") })
+        cutOff.open()
+        #expect(try await engine.cancel(flow: "startup", run: id).status == .cancelled)
+        try await waitUntil("the splash is cancelled by the run's end") {
+            notes.list.withLock { $0.contains("cancelled") }
+        }
+        #expect(notes.list.withLock { $0 } == ["entered", "cancelled"])
+    }
+}
