@@ -213,9 +213,6 @@ extension HopEngine: Service {
     /// lease of the fleet has expired, the engine renews its leases at the first chance, before
     /// another engine takes its runs as expired. Before, the next try came a third of a lease
     /// later (20 s with a lease of a minute).
-    ///
-    /// Once a renewal succeeds, the runs stopped here because their leases lapsed
-    /// (``LapsedLeases/stopExecuting``) are executed again.
     private func renewLeases() async {
         var failures = RepeatedFailures()
         let interval = configuration.leaseDuration / 3
@@ -230,7 +227,6 @@ extension HopEngine: Service {
                 environment.holdings.withLock { $0.renewed(renewed, at: asked) }
                 failures.logSuccess(to: logger, Self.renewalLines)
                 wait = interval
-                await executeLapsedRunsAgain()
             } catch is CancellationError {
                 return
             } catch  where Task.isCancelled {
@@ -248,8 +244,10 @@ extension HopEngine: Service {
     /// With ``LapsedLeases/stopExecuting``: stops executing each run whose lease was neither
     /// taken nor renewed in the last ``lapsedAfter`` (its renewals failed, or wait unanswered),
     /// until cancelled. From the lease's end on, another engine may take the run over: its
-    /// step must not be running here any more. Waits for the next lease due to lapse, or a third
-    /// of a lease, whichever comes first; a lease renewed meanwhile is looked at again then.
+    /// step must not be running here any more. Once stopped, the run is executed again from its
+    /// history, claimed first: the claim waits for the database, and one that another engine
+    /// took over meanwhile is left to it. Waits for the next lease due to lapse, or a third of
+    /// a lease, whichever comes first; a lease renewed meanwhile is looked at again then.
     private func stopRunsWhoseLeasesLapse() async {
         let kept = Self.lapsedAfter(configuration.leaseDuration)
         let longestWait = configuration.leaseDuration / 3
@@ -257,9 +255,13 @@ extension HopEngine: Service {
             let now = ContinuousClock.now
             let lapsed = environment.holdings.withLock { $0.lapse(before: now - kept) }
             if !lapsed.isEmpty {
-                for runID in lapsed { executing[runID]?.cancel() }
+                for runID in lapsed {
+                    guard let execution = executing[runID] else { continue }
+                    executeAgain.insert(runID)  // once settled, claimed again (`didSettle`)
+                    execution.cancel()
+                }
                 logger.warning(
-                    "could not renew the leases of runs before they ended (the database did not answer); stopped executing them, writing nothing more: another engine may take them over; once the database answers, those no other engine took are executed again from their history",
+                    "could not renew the leases of runs before they ended (the database did not answer); stopped executing them, writing nothing more: another engine may take them over; each is executed again from its history if this engine can claim it again",
                     metadata: [
                         "hop.runs": "\(lapsed.count)",
                         "hop.run": "\(lapsed.sorted().prefix(20).map(String.init).joined(separator: ","))",
@@ -279,22 +281,6 @@ extension HopEngine: Service {
     /// so that a run is stopped here before another engine can find its lease expired.
     static func lapsedAfter(_ lease: Duration) -> Duration {
         lease - min(lease / 10, .seconds(1))
-    }
-
-    /// Executes again the runs stopped here because their leases lapsed, once they settled,
-    /// now that the database answers: at once, rather than when their leases expire. Each is
-    /// claimed first, so one that another engine took over meanwhile is left to it.
-    private func executeLapsedRunsAgain() async {
-        let settled = environment.holdings.withLock { holdings in
-            holdings.lapsed.filter { holdings.held[$0] == nil }
-        }
-        let ready = settled.filter { executing[$0] == nil }
-        guard !ready.isEmpty else { return }
-        environment.holdings.withLock { $0.lapsed.subtract(ready) }
-        logger.info(
-            "the database answers again: executing again the runs stopped when their leases lapsed",
-            metadata: ["hop.runs": "\(ready.count)"])
-        await execute(runIDs: ready.sorted())
     }
 
     /// The configured retention, or `nil` when there is none or its settings can never work

@@ -97,7 +97,7 @@ extension ExecutionEnvironment {
             }
             leasedAt = again
         }
-        holdings.withLock { $0.hold(run.id, leasedAt: leasedAt) }
+        holdings.withLock { $0.held[run.id] = leasedAt }
         return try await storage.history(runID: run.id)
     }
 

@@ -10,16 +10,6 @@ struct Holdings: Sendable {
     /// lease lapsed here (``HopEngine/LapsedLeases/stopExecuting``): their executions are
     /// cancelled and write nothing more.
     var lost: Set<Int64> = []
-    /// Runs whose lease lapsed here and that were stopped: the engine executes them again once
-    /// its database answers, at once rather than when their leases expire (unless another
-    /// engine took them over meanwhile).
-    var lapsed: Set<Int64> = []
-
-    /// Records that this engine holds run `runID`, on a lease asked for at `leasedAt`.
-    mutating func hold(_ runID: Int64, leasedAt: ContinuousClock.Instant) {
-        held[runID] = leasedAt
-        lapsed.remove(runID)
-    }
     /// Runs that a caller waits to see settle (``HopEngine/settled(runID:)``): their execution
     /// reads the run as it ended, where it ran, for the engine to hand over.
     var awaited: Set<Int64> = []
@@ -52,12 +42,10 @@ struct Holdings: Sendable {
         held.lazy.filter { !lost.contains($0.key) }.map(\.value).min()
     }
 
-    /// Marks lost, and lapsed, the held runs whose lease was taken or last renewed before
-    /// `cutoff`; returns them.
+    /// Marks lost the held runs whose lease was taken or last renewed before `cutoff`; returns them.
     mutating func lapse(before cutoff: ContinuousClock.Instant) -> [Int64] {
         let due = held.compactMap { $0.value < cutoff && !lost.contains($0.key) ? $0.key : nil }
         lost.formUnion(due)
-        lapsed.formUnion(due)
         return due
     }
 }
