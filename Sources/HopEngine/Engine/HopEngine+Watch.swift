@@ -224,7 +224,10 @@ extension HopEngine: Service {
                 let asked = ContinuousClock.now
                 let runIDs = environment.holdings.withLock { $0.renewable }
                 let renewed = try await storage.renewLeases(owner: id, runIDs: runIDs, until: environment.leaseEnd)
-                environment.holdings.withLock { $0.renewed(renewed, at: asked) }
+                // Only a loop that stops runs whose leases lapse reads when they were renewed.
+                if configuration.lapsedLeases == .stopExecuting {
+                    environment.holdings.withLock { $0.renewed(renewed, at: asked) }
+                }
                 failures.logSuccess(to: logger, Self.renewalLines)
                 wait = interval
             } catch is CancellationError {

@@ -28,7 +28,7 @@ struct Holdings: Sendable {
     }
 
     /// The held runs whose leases a renewal renews: those not lost.
-    var renewable: [Int64] { held.keys.filter { !lost.contains($0) } }
+    var renewable: [Int64] { lost.isEmpty ? Array(held.keys) : held.keys.filter { !lost.contains($0) } }
 
     /// Records that the leases of `runIDs` were renewed by a renewal asked for at `instant`.
     mutating func renewed(_ runIDs: some Sequence<Int64>, at instant: ContinuousClock.Instant) {
