@@ -25,8 +25,10 @@ final class FaultyStorage: HopStorage {
         var byName: [String: [String]] = [:]
         /// What the releases wait for before they reach the database, if anything.
         var heldReleases: Gate?
-        /// What the lease renewals and claims wait for before they reach the database, if anything.
+        /// What the lease renewals, and the claims unless `claimsPass`, wait for before they
+        /// reach the database, if anything.
         var heldLeases: Gate?
+        var claimsPass = false
     }
     private let faults = Mutex(Faults())
 
@@ -46,10 +48,17 @@ final class FaultyStorage: HopStorage {
     func holdReleases(until gate: Gate) { faults.withLock { $0.heldReleases = gate } }
 
     /// Holds every lease renewal and claim until `gate` opens, as a database cut off from the
-    /// engine would: unanswered, neither failed nor done.
-    func holdLeases(until gate: Gate) { faults.withLock { $0.heldLeases = gate } }
+    /// engine would: unanswered, neither failed nor done. With `claimsPass`, the renewals only.
+    func holdLeases(until gate: Gate, claimsPass: Bool = false) {
+        faults.withLock {
+            $0.heldLeases = gate
+            $0.claimsPass = claimsPass
+        }
+    }
 
-    private func passLeaseGate() async { await faults.withLock { $0.heldLeases }?.wait() }
+    private func passLeaseGate(claim: Bool = false) async {
+        await faults.withLock { claim && $0.claimsPass ? nil : $0.heldLeases }?.wait()
+    }
 
     /// Fails the `number`th call from now, whichever it is (1: the next).
     func failCall(number: Int) { faults.withLock { $0.failing = $0.calls + number } }
@@ -221,13 +230,13 @@ final class FaultyStorage: HopStorage {
     }
 
     func claim(runID: Int64, owner: String, until: Date) async throws -> RunRecord? {
-        await passLeaseGate()
+        await passLeaseGate(claim: true)
         try check()
         return try await base.claim(runID: runID, owner: owner, until: until)
     }
 
     func claim(runIDs: [Int64], owner: String, until: Date) async throws -> [RunRecord] {
-        await passLeaseGate()
+        await passLeaseGate(claim: true)
         try check()
         return try await base.claim(runIDs: runIDs, owner: owner, until: until)
     }

@@ -5,6 +5,7 @@ import HopStoreTestSupport
 import HopTestSupport
 import InMemoryLogging
 import Logging
+import MetricsTestKit
 import Synchronization
 import Testing
 
@@ -16,6 +17,7 @@ import Testing
     final class Notes: Sendable {
         let list = Mutex<[String]>([])
         let ready = Mutex(false)
+        let metrics = TestMetrics()
     }
 
     /// The engine, its splash noting each entry ("entered") and each cancellation
@@ -25,6 +27,7 @@ import Testing
     ) -> HopEngine {
         var configuration = HopEngine.Configuration(leaseDuration: .seconds(2))
         configuration.lapsedLeases = lapsedLeases
+        configuration.metricsFactory = notes.metrics
         configuration.observer = { event in
             if case .ready = event { notes.ready.withLock { $0 = true } }
         }
@@ -65,10 +68,15 @@ import Testing
         defer { service.cancel() }
         try await waitUntil("the engine runs") { notes.ready.withLock { $0 } }
 
-        let cutOff = Gate()
-        storage.holdLeases(until: cutOff)
         let asked = ContinuousClock.now
         let id = try await engine.start("startup").id
+        // Cut off once in the step: on a loaded machine the flow may take longer than a lease to
+        // get there, and a lease lapsed before would stop the execution before its step.
+        try await waitUntil("the splash is entered", timeout: .seconds(60)) {
+            notes.list.withLock { $0.contains("entered") }
+        }
+        let cutOff = Gate()
+        storage.holdLeases(until: cutOff)
         try await waitUntil("the splash is stopped", timeout: .seconds(60)) {
             notes.list.withLock { $0.contains("cancelled") }
         }
@@ -77,6 +85,7 @@ import Testing
             after >= HopEngine.Configuration(leaseDuration: .seconds(2)).leaseDuration * 0.9,
             "stopped \(after) after its lease was taken, before it lapsed")
         #expect(notes.list.withLock { $0 } == ["entered", "cancelled"])
+        #expect(try notes.metrics.expectCounter("hop_runs_lost_total", [("reason", "lease_lapsed")]).totalValue == 1)
         #expect(
             logs.texts(atLeast: .warning).contains { $0.contains("could not renew the leases of runs") },
             "\(logs.texts(atLeast: .warning))")
@@ -112,12 +121,12 @@ import Testing
         defer { service.cancel() }
         try await waitUntil("the engine runs") { notes.ready.withLock { $0 } }
 
-        let cutOff = Gate()
-        storage.holdLeases(until: cutOff)
         let id = try await engine.start("startup").id
         try await waitUntil("the splash is entered", timeout: .seconds(60)) {
             notes.list.withLock { $0.contains("entered") }
         }
+        let cutOff = Gate()
+        storage.holdLeases(until: cutOff)
         // The lease in the database expires (a stopping engine stops its step before then).
         try await waitUntil("the run's lease expired", timeout: .seconds(60)) {
             let lease = try await storage.base.run(id: id)?.leaseExpiresAt
@@ -131,5 +140,50 @@ import Testing
             notes.list.withLock { $0.contains("cancelled") }
         }
         #expect(notes.list.withLock { $0 } == ["entered", "cancelled"])
+    }
+
+    /// With the default, a second engine on the database takes the run over once its lease
+    /// expired (the first one's renewals go unanswered, its claims fail, its process lives). The first one, its
+    /// step still running, learns it from its watch: it stops the step, writes nothing more,
+    /// and counts the run in `hop_runs_lost_total{reason="taken_over"}`.
+    @Test(arguments: TestBackend.all)
+    func anEngineWhoseRunWasTakenOverStopsItsStepAndCountsIt(backend: TestBackend) async throws {
+        let folder = try TemporaryDirectory()
+        let storage = FaultyStorage(try await backend.open(folder))
+        let logs = InMemoryLogHandler.keepingEverything()
+        let notes = Notes()
+        let engine = Self.engine(storage, .keepExecuting, logs: logs, notes: notes)
+        let service = Task { try await engine.run() }
+        defer { service.cancel() }
+        try await waitUntil("the engine runs") { notes.ready.withLock { $0 } }
+        // Its renewals unanswered; its claims fail (its own look would otherwise claim the run
+        // back as its lease expires, before the other engine can).
+        let id = try await engine.start("startup").id
+        try await waitUntil("the splash is entered", timeout: .seconds(60)) {
+            notes.list.withLock { $0.contains("entered") }
+        }
+        let cutOff = Gate()
+        defer { cutOff.open() }
+        storage.holdLeases(until: cutOff, claimsPass: true)
+        storage.fail("claim(runIDs:owner:until:)", times: 1_000_000, as: .busy)
+        storage.fail("claim(runID:owner:until:)", times: 1_000_000, as: .busy)
+
+        let otherNotes = Notes()
+        let other = Self.engine(
+            FaultyStorage(try await backend.open(folder)), .keepExecuting, logs: logs, notes: otherNotes)
+        let otherService = Task { try await other.run() }
+        defer { otherService.cancel() }
+        try await waitUntil("the other engine enters the splash", timeout: .seconds(60)) {
+            otherNotes.list.withLock { $0.contains("entered") }
+        }
+        try await waitUntil("the first engine stops its splash", timeout: .seconds(60)) {
+            notes.list.withLock { $0.contains("cancelled") }
+        }
+        #expect(try notes.metrics.expectCounter("hop_runs_lost_total", [("reason", "taken_over")]).totalValue == 1)
+        #expect(
+            (try? notes.metrics.expectCounter("hop_runs_lost_total", [("reason", "lease_lapsed")]).totalValue) ?? 0 == 0
+        )
+        let history = try await storage.base.history(runID: id)
+        #expect(history.map(\.kind) == [.hop, .takeover], "\(history)")
     }
 }

@@ -258,6 +258,7 @@ extension HopEngine: Service {
             let now = ContinuousClock.now
             let lapsed = environment.holdings.withLock { $0.lapse(before: now - kept) }
             if !lapsed.isEmpty {
+                environment.metrics.runsLapsed.increment(by: lapsed.count)
                 for runID in lapsed {
                     guard let execution = executing[runID] else { continue }
                     executeAgain.insert(runID)  // once settled, claimed again (`didSettle`)
@@ -373,6 +374,7 @@ extension HopEngine: Service {
                     "run was ended by another process; its step is cancelled",
                     metadata: ["hop.run": "\(runID)", "hop.status": "\(stored.status.rawValue)"])
             } else if stored.owner != id, environment.holdings.withLock({ $0.lose(runID) }) {
+                environment.metrics.runsTakenOver.increment()
                 executing[runID]?.cancel()
                 logger.warning(
                     "lost the lease on a run to another engine (this one was stalled past its lease); stopped executing it, writing nothing more",
