@@ -52,6 +52,31 @@ import Testing
         return engine
     }
 
+    /// A running engine on a new database of `backend` (with its storage, logs and notes) and
+    /// the run it started, in its splash; `asked`: the moment before it started the run.
+    private static func inSplash(
+        _ backend: TestBackend, _ folder: TemporaryDirectory, _ lapsedLeases: HopEngine.LapsedLeases
+    ) async throws -> (
+        storage: FaultyStorage, logs: InMemoryLogHandler, notes: Notes, engine: HopEngine,
+        service: Task<Void, any Error>, id: Int64, asked: ContinuousClock.Instant
+    ) {
+        let storage = FaultyStorage(try await backend.open(folder))
+        let logs = InMemoryLogHandler.keepingEverything()
+        let notes = Notes()
+        let engine = Self.engine(storage, lapsedLeases, logs: logs, notes: notes)
+        let service = Task { try await engine.run() }
+        try await waitUntil("the engine runs") { notes.ready.withLock { $0 } }
+        let asked = ContinuousClock.now
+        let id = try await engine.start("startup").id
+        // A test cuts the engine off once in the step: on a loaded machine the flow may take
+        // longer than a lease to get there, and a lease lapsed before would stop the execution
+        // before its step.
+        try await waitUntil("the splash is entered", timeout: .seconds(60)) {
+            notes.list.withLock { $0.contains("entered") }
+        }
+        return (storage, logs, notes, engine, service, id, asked)
+    }
+
     /// With `.stopExecuting`, an engine whose renewals go unanswered stops its step once the
     /// lease it took lapses (less a tenth), writing nothing; once its database answers, it
     /// executes the run again from its history (the step runs again) and carries it on.
@@ -60,21 +85,9 @@ import Testing
         backend: TestBackend
     ) async throws {
         let folder = try TemporaryDirectory()
-        let storage = FaultyStorage(try await backend.open(folder))
-        let logs = InMemoryLogHandler.keepingEverything()
-        let notes = Notes()
-        let engine = Self.engine(storage, .stopExecuting, logs: logs, notes: notes)
-        let service = Task { try await engine.run() }
+        let (storage, logs, notes, engine, service, id, asked) = try await Self.inSplash(
+            backend, folder, .stopExecuting)
         defer { service.cancel() }
-        try await waitUntil("the engine runs") { notes.ready.withLock { $0 } }
-
-        let asked = ContinuousClock.now
-        let id = try await engine.start("startup").id
-        // Cut off once in the step: on a loaded machine the flow may take longer than a lease to
-        // get there, and a lease lapsed before would stop the execution before its step.
-        try await waitUntil("the splash is entered", timeout: .seconds(60)) {
-            notes.list.withLock { $0.contains("entered") }
-        }
         let cutOff = Gate()
         storage.holdLeases(until: cutOff)
         try await waitUntil("the splash is stopped", timeout: .seconds(60)) {
@@ -113,18 +126,8 @@ import Testing
     @Test(arguments: TestBackend.all)
     func anEngineThatKeepsExecutingOnALapsedLeaseLetsItsStepRunOn(backend: TestBackend) async throws {
         let folder = try TemporaryDirectory()
-        let storage = FaultyStorage(try await backend.open(folder))
-        let logs = InMemoryLogHandler.keepingEverything()
-        let notes = Notes()
-        let engine = Self.engine(storage, .keepExecuting, logs: logs, notes: notes)
-        let service = Task { try await engine.run() }
+        let (storage, logs, notes, engine, service, id, _) = try await Self.inSplash(backend, folder, .keepExecuting)
         defer { service.cancel() }
-        try await waitUntil("the engine runs") { notes.ready.withLock { $0 } }
-
-        let id = try await engine.start("startup").id
-        try await waitUntil("the splash is entered", timeout: .seconds(60)) {
-            notes.list.withLock { $0.contains("entered") }
-        }
         let cutOff = Gate()
         storage.holdLeases(until: cutOff)
         // The lease in the database expires (a stopping engine stops its step before then).
@@ -149,19 +152,10 @@ import Testing
     @Test(arguments: TestBackend.all)
     func anEngineWhoseRunWasTakenOverStopsItsStepAndCountsIt(backend: TestBackend) async throws {
         let folder = try TemporaryDirectory()
-        let storage = FaultyStorage(try await backend.open(folder))
-        let logs = InMemoryLogHandler.keepingEverything()
-        let notes = Notes()
-        let engine = Self.engine(storage, .keepExecuting, logs: logs, notes: notes)
-        let service = Task { try await engine.run() }
+        let (storage, logs, notes, _, service, id, _) = try await Self.inSplash(backend, folder, .keepExecuting)
         defer { service.cancel() }
-        try await waitUntil("the engine runs") { notes.ready.withLock { $0 } }
         // Its renewals unanswered; its claims fail (its own look would otherwise claim the run
         // back as its lease expires, before the other engine can).
-        let id = try await engine.start("startup").id
-        try await waitUntil("the splash is entered", timeout: .seconds(60)) {
-            notes.list.withLock { $0.contains("entered") }
-        }
         let cutOff = Gate()
         defer { cutOff.open() }
         storage.holdLeases(until: cutOff, claimsPass: true)
