@@ -20,12 +20,15 @@ import Testing
         let metrics = TestMetrics()
     }
 
+    /// The lease of the tests' engines.
+    static let lease = Duration.seconds(2)
+
     /// The engine, its splash noting each entry ("entered") and each cancellation
     /// ("cancelled"); the first entry lasts until cancelled, later ones return at once.
     private static func engine(
         _ storage: FaultyStorage, _ lapsedLeases: HopEngine.LapsedLeases, logs: InMemoryLogHandler, notes: Notes
     ) -> HopEngine {
-        var configuration = HopEngine.Configuration(leaseDuration: .seconds(2))
+        var configuration = HopEngine.Configuration(leaseDuration: Self.lease)
         configuration.lapsedLeases = lapsedLeases
         configuration.metricsFactory = notes.metrics
         configuration.observer = { event in
@@ -95,7 +98,7 @@ import Testing
         }
         let after = ContinuousClock.now - asked
         #expect(
-            after >= HopEngine.Configuration(leaseDuration: .seconds(2)).leaseDuration * 0.9,
+            after >= Self.lease * 0.9,
             "stopped \(after) after its lease was taken, before it lapsed")
         #expect(notes.list.withLock { $0 } == ["entered", "cancelled"])
         #expect(try notes.metrics.expectCounter("hop_runs_lost_total", [("reason", "lease_lapsed")]).totalValue == 1)
