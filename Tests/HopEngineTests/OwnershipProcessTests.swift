@@ -136,6 +136,45 @@ import Testing
         #expect(final.filter { $0.kind == .effect }.count == 1)
     }
 
+    /// Another process holds the file's write lock for longer than a lease (an operator's
+    /// `sqlite3` session, a `VACUUM`), three times over. Every engine waits for the lock
+    /// meanwhile: the owner cannot renew its lease, and the other engine, finding the lease
+    /// expired, waits to claim the run. The owner is alive and not frozen: it keeps its run, and
+    /// its step is never entered again nor cancelled. (Each hold ends while both engines still
+    /// wait, 4 s into their 5 s busy timeout: whichever writes first once it ends, the other
+    /// engine must not take the run. Before, it took it about every other time.)
+    @Test func aLiveOwnerKeepsItsRunWhileAnotherProcessHoldsTheWriteLockPastItsLease() async throws {
+        let folder = try TemporaryDirectory()
+        let arguments = try await Self.twinArguments(.sqlite, folder)
+        let owner = try ChildProcess(
+            "hop-test-daemon", arguments, environment: ["HOP_TEST_SLOW_SPLASH": "1"], directory: folder)
+        defer { owner.kill() }
+        try await owner.waitForOutput("point after:hop:splash")
+        let other = try ChildProcess("hop-test-daemon", arguments, directory: folder)
+        defer { other.kill() }
+        try await other.waitForOutput("ready")
+        let store = try await TestBackend.sqlite.open(folder)
+        let held = try #require(try await store.run(id: 1)?.owner, "A holds the run: \(owner.stdout)")
+
+        for hold in 1...3 {
+            let released = try await holdingTheWriteLock(of: folder.database) {
+                // How long the lock is held (past the 3 s lease), not a wait for an outcome.
+                try await Task.sleep(for: .seconds(4))
+                return Date()
+            }
+            try await waitUntil("the owner renewed its lease, or lost its run (hold \(hold))") {
+                let run = try await store.run(id: 1)
+                return run?.owner != held || (run?.leaseExpiresAt ?? .distantPast) > released
+            }
+            let history = try await store.history(runID: 1)
+            #expect(
+                try await store.run(id: 1)?.owner == held,
+                "hold \(hold): the run changed hands: \(history)\nA: \(owner.stdout)\nB: \(other.stdout)")
+            #expect(!history.contains { $0.kind == .takeover }, "hold \(hold): \(history)")
+            #expect(bodyLines(in: folder) == ["1 splash"], "hold \(hold)")
+        }
+    }
+
     /// A step's unhop is held in memory until the run's next record (or a few milliseconds),
     /// so an owner can be frozen after its step unhopped and before the unhop is durable. The
     /// run goes to the engine that takes it over, which enters the step again (at least once),

@@ -59,3 +59,20 @@ public func writeLockIsFree(_ path: String) -> Bool {
     else { return false }
     return sqlite3_exec(db, "ROLLBACK", nil, nil, nil) == SQLITE_OK
 }
+
+/// Runs `body` while this process holds the write lock of the SQLite database at `path` (an open
+/// `BEGIN IMMEDIATE` transaction, rolled back after `body`), as an operator's `sqlite3` session
+/// or a `VACUUM` does: every other writer of the file waits meanwhile. Takes the lock at the
+/// first moment no other process holds it.
+public func holdingTheWriteLock<T>(of path: String, _ body: () async throws -> T) async throws -> T {
+    var db: OpaquePointer?
+    defer { sqlite3_close(db) }
+    guard sqlite3_open_v2(path, &db, SQLITE_OPEN_READWRITE, nil) == SQLITE_OK else {
+        throw TestFailure("cannot open \(path)")
+    }
+    try await waitUntil("the write lock of \(path) is taken", timeout: .seconds(30)) {
+        sqlite3_exec(db, "BEGIN IMMEDIATE", nil, nil, nil) == SQLITE_OK
+    }
+    defer { sqlite3_exec(db, "ROLLBACK", nil, nil, nil) }
+    return try await body()
+}

@@ -249,4 +249,87 @@ import Testing
         }
         #expect(try await store.history(runID: first).count == 1)
     }
+
+    /// A run whose lease expired is not taken from an owner whose heartbeat says it waits for
+    /// the file's write lock: it is alive, and could not renew only because another process held
+    /// the lock. Once the heartbeat is stale (a frozen or stuck owner), or of another boot, the
+    /// run is taken as before, with one takeover entry.
+    @Test func anExpiredLeaseIsNotTakenFromAnOwnerThatWaitsForTheWriteLock() async throws {
+        let folder = try TemporaryDirectory()
+        let store = try await HopStore.open(path: folder.database)
+        let run = try await store.startRun(flow: "startup", subject: "a", version: "1").run.id
+        let owner = store.makeIncarnation(label: "owner")
+        let other = store.makeIncarnation(label: "other")
+        let locks = LivenessLocks(databasePath: folder.database)
+        #expect(try await store.claim(runID: run, owner: owner.id, until: Date().addingTimeInterval(-1)) != nil)
+        let until = Date().addingTimeInterval(60)
+
+        owner.beat(for: .seconds(60))
+        #expect(locks.waits(owner.id) && !locks.waits(other.id))
+        #expect(try await store.claimableRuns(versions: ["startup": ["1"]]).isEmpty)
+        #expect(try await store.claim(runID: run, owner: other.id, until: until) == nil)
+        #expect(try await store.claim(runIDs: [run], owner: other.id, until: until).isEmpty)
+        #expect(try await store.run(id: run)?.owner == owner.id)
+
+        let boot = try #require(UptimeClock.machine.boot)
+        let beat = try #require(locks.beat(of: owner.id))
+        // Written in another boot: it holds nothing in this one.
+        try Self.overwrite(beat: LivenessLocks.Beat(boot: boot &+ 1, until: beat.until), of: owner.id, in: folder)
+        #expect(!locks.waits(owner.id))
+        // Stale: the owner stopped waiting (frozen, or gone) a moment ago.
+        try Self.overwrite(
+            beat: LivenessLocks.Beat(boot: boot, until: UptimeClock.uptimeMilliseconds() - 1), of: owner.id,
+            in: folder)
+        #expect(!locks.waits(owner.id))
+        #expect(try await store.claimableRuns(versions: ["startup": ["1"]]).map(\.id) == [run])
+        #expect(try await store.claim(runID: run, owner: other.id, until: until)?.owner == other.id)
+        #expect(try await store.history(runID: run).filter { $0.kind == .takeover }.count == 1)
+    }
+
+    /// A store's write that waits for another process's lock keeps the heartbeat of each
+    /// incarnation made over the store fresh, for as long as it waits; a dead incarnation's
+    /// heartbeat goes with its lock file, and one left without a lock file is removed.
+    @Test func aWriteThatWaitsForTheLockKeepsItsIncarnationsHeartbeatsFresh() async throws {
+        let folder = try TemporaryDirectory()
+        let store = try await HopStore.open(path: folder.database)
+        let run = try await store.startRun(flow: "startup", subject: "a", version: "1").run.id
+        var owner: Incarnation? = store.makeIncarnation(label: "owner")
+        let id = try #require(owner?.id)
+        let locks = LivenessLocks(databasePath: folder.database)
+        #expect(!locks.waits(id), "no write has waited yet")
+
+        try await holdingTheWriteLock(of: folder.database) {
+            let renewal = Task { try await store.renewLeases(owner: id, runIDs: [run], until: Date()) }
+            // Held for more than a heartbeat lasts: the waiting write writes it again meanwhile.
+            try await waitUntil("the waiting write's heartbeat is fresh") { locks.waits(id) }
+            let first = try #require(locks.beat(of: id)).until
+            try await waitUntil("the heartbeat is written again while the write waits") {
+                (locks.beat(of: id)?.until ?? 0) > first
+            }
+            renewal.cancel()
+        }
+
+        let beatFile = folder.database + "-engines/" + id.suffix(16) + ".beat"
+        #expect(FileManager.default.fileExists(atPath: beatFile))
+        owner = nil
+        let other = store.makeIncarnation(label: "other")
+        try await waitUntil("the dead incarnation is found") {
+            try await !store.releaseRunsOfDeadIncarnations(except: other).isEmpty
+        }
+        #expect(!FileManager.default.fileExists(atPath: beatFile), "its heartbeat went with its lock file")
+
+        // A heartbeat left by a release that removed only the lock file goes at the next look.
+        #expect(FileManager.default.createFile(atPath: beatFile, contents: Data()))
+        _ = try await store.releaseRunsOfDeadIncarnations(except: other)
+        #expect(!FileManager.default.fileExists(atPath: beatFile))
+        #expect(FileManager.default.fileExists(atPath: folder.database + "-engines/" + other.id.suffix(16) + ".beat"))
+    }
+
+    /// Writes `beat` as the heartbeat of the incarnation `owner` of the database in `folder`.
+    static func overwrite(beat: LivenessLocks.Beat, of owner: String, in folder: TemporaryDirectory) throws {
+        let descriptor = open(folder.database + "-engines/" + owner.suffix(16) + ".beat", O_RDWR)
+        guard descriptor >= 0 else { throw TestFailure("no heartbeat file for \(owner)") }
+        defer { close(descriptor) }
+        LivenessLocks.store(beat, in: descriptor)
+    }
 }

@@ -128,7 +128,8 @@ extension HopEngine {
         /// and finds its step stopped here. Once the database answers, this engine executes
         /// again, from their history, those no other engine took over meanwhile: their steps run
         /// again, after a restart or failover of the server too. For steps that must never run
-        /// on two engines at once.
+        /// on two engines at once. (On a file, an engine whose renewals only wait for another
+        /// process's write lock keeps its runs, but stops their steps all the same.)
         case stopExecuting
     }
 

@@ -1,3 +1,5 @@
+import Synchronization
+
 #if canImport(FoundationEssentials)
 import FoundationEssentials
 #else
@@ -22,6 +24,10 @@ import Glibc
 /// expire). Where the folder cannot be written, the incarnation has no lock and its runs are
 /// taken over when their leases expire. On a shared server database the same role falls to a
 /// lock that the server drops with the owner's connection (a session-level advisory lock).
+///
+/// Beside its lock, an incarnation on a file keeps a heartbeat that says it is waiting for the
+/// file's write lock (``beat(for:)``): an owner that could not renew its leases only because
+/// another process held that lock is alive and not frozen, and keeps its runs.
 public final class Incarnation: Sendable {
     /// The owner value stored in `runs.owner`: the label, `#`, and 16 random hex digits.
     public let id: String
@@ -29,6 +35,8 @@ public final class Incarnation: Sendable {
     public let label: String
     /// The locked file's descriptor, open (and locked) for the incarnation's whole life.
     private let lockDescriptor: Int32?
+    /// The heartbeat file's descriptor (see ``LivenessLocks``), open for the incarnation's whole life.
+    private let beatDescriptor: Int32?
     /// A server backend's proof of liveness (the connection holding its advisory lock), kept for
     /// the incarnation's whole life and let go of with it.
     private let serverLock: (any Sendable)?
@@ -42,7 +50,10 @@ public final class Incarnation: Sendable {
         self.label = label
         let id = Self.makeID(label: label)
         self.id = id
-        lockDescriptor = try? LivenessLocks(databasePath: databasePath).lock(incarnation: id)
+        let locks = LivenessLocks(databasePath: databasePath)
+        let lockDescriptor = try? locks.lock(incarnation: id)
+        self.lockDescriptor = lockDescriptor
+        beatDescriptor = lockDescriptor == nil ? nil : locks.openBeat(incarnation: id)
         serverLock = nil
     }
 
@@ -53,6 +64,7 @@ public final class Incarnation: Sendable {
         self.label = label
         self.id = id
         self.lockDescriptor = nil
+        self.beatDescriptor = nil
         self.serverLock = serverLock
     }
 
@@ -62,7 +74,17 @@ public final class Incarnation: Sendable {
     deinit {
         // Closing the descriptor releases the lock: the file stays for another engine to find,
         // prove dead and remove, releasing any run this incarnation still holds.
+        if let beatDescriptor { close(beatDescriptor) }
         if let lockDescriptor { close(lockDescriptor) }
+    }
+
+    /// Says in the incarnation's heartbeat that it waits for the database file's write lock
+    /// (another process holds it), for the next `duration` by the machine's uptime clock.
+    /// Nothing where the incarnation has no heartbeat (no lock file, or a server's lock).
+    func beat(for duration: Duration) {
+        guard let beatDescriptor, let boot = UptimeClock.machine.boot else { return }
+        let until = UptimeClock.uptimeMilliseconds() + Int64(duration / .milliseconds(1))
+        LivenessLocks.store(LivenessLocks.Beat(boot: boot, until: until), in: beatDescriptor)
     }
 
     /// The label part of an owner value written by ``id`` (the whole value for an older owner).
@@ -73,7 +95,20 @@ public final class Incarnation: Sendable {
 }
 
 /// The folder of liveness lock files beside a database: one `<random>.lock` file per live (or
-/// not yet reaped) incarnation, holding the incarnation's owner value.
+/// not yet reaped) incarnation, holding the incarnation's owner value, and its heartbeat,
+/// `<random>.beat`.
+///
+/// The heartbeat tells an owner that waits for the file's write lock from one that is frozen.
+/// SQLite has one write lock per file: a process that holds it for longer than a lease (an
+/// operator's `sqlite3` session or `VACUUM`, a writer frozen in the middle of a commit) keeps
+/// every engine from renewing its leases, and once it lets go, the first engine to write found
+/// the other engines' leases expired and took their runs over while their steps ran on. So an
+/// engine that waits for the lock says so every quarter of a second (`BusyWait`), for the next
+/// ``beatLasts``, and a claim takes a run whose lease expired only from an owner whose
+/// heartbeat is not fresh (`hop_owner_waits` in the claim's SQL): frozen, dead, or no longer
+/// trying to write. Its record is 34 bytes of text, the boot and the uptime in milliseconds
+/// until which it holds, each 16 hex digits (`cat` shows it); a heartbeat of another boot holds
+/// nothing.
 struct LivenessLocks {
     let folder: String
 
@@ -118,6 +153,10 @@ struct LivenessLocks {
             let name = withUnsafeBytes(of: entry.pointee.d_name) { raw in
                 String(decoding: raw.prefix(while: { $0 != 0 }), as: UTF8.self)
             }
+            if name.hasSuffix(".beat"), name.count == 21, access("\(folder)/\(name.prefix(16)).lock", F_OK) != 0 {
+                unlink("\(folder)/\(name)")  // an incarnation's heartbeat left by a release that did not know it
+                continue
+            }
             guard name.hasSuffix(".lock"), name.count == 21, !own.hasSuffix("#" + name.prefix(16)) else { continue }
             let file = "\(folder)/\(name)"
             let descriptor = open(file, O_RDWR | O_CLOEXEC | O_NOFOLLOW)
@@ -134,13 +173,120 @@ struct LivenessLocks {
         return found
     }
 
-    /// Removes a dead incarnation's file (its runs released) and lets go of its lock.
+    /// Removes a dead incarnation's file (its runs released) and its heartbeat, and lets go of
+    /// its lock.
     func forget(file: String, descriptor: Int32) {
+        if file.hasSuffix(".lock") { unlink(String(file.dropLast(5)) + ".beat") }
         unlink(file)
         close(descriptor)
     }
 
+    /// How long a heartbeat holds: longer than the pause between two waits of an engine whose
+    /// renewals keep failing busy (``HopEngine``'s renewal retry, half a second), short enough
+    /// that a frozen owner's heartbeat is soon stale.
+    static let beatLasts = Duration.seconds(2)
+
+    /// A heartbeat: the boot it was written in, and the uptime (milliseconds) until which it holds.
+    struct Beat: Equatable {
+        var boot: Int64
+        var until: Int64
+    }
+
+    /// Opens (creating it, mode 0600) the heartbeat file of `incarnation`; `nil` when it cannot.
+    func openBeat(incarnation: String) -> Int32? {
+        let descriptor = open(
+            "\(folder)/\(incarnation.suffix(16)).beat", O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o600)
+        return descriptor >= 0 ? descriptor : nil
+    }
+
+    /// Writes `beat` over the heartbeat in the open file `descriptor` (one `pwrite` of 34 bytes;
+    /// a failure only leaves the heartbeat as it was).
+    static func store(_ beat: Beat, in descriptor: Int32) {
+        func hex(_ value: Int64) -> String {
+            let digits = String(UInt64(bitPattern: value), radix: 16)
+            return String(repeating: "0", count: 16 - digits.count) + digits
+        }
+        let record = Array("\(hex(beat.boot)) \(hex(beat.until))\n".utf8)
+        _ = record.withUnsafeBytes { pwrite(descriptor, $0.baseAddress, $0.count, 0) }
+    }
+
+    /// The heartbeat of the incarnation whose owner value is `owner`; `nil` when it has none
+    /// (another host's, an older release's, or an unreadable one).
+    func beat(of owner: String) -> Beat? {
+        guard let hash = owner.lastIndex(of: "#") else { return nil }
+        let name = owner[owner.index(after: hash)...]
+        guard name.count == 16, name.allSatisfy(\.isHexDigit) else { return nil }
+        let descriptor = open("\(folder)/\(name).beat", O_RDONLY | O_CLOEXEC | O_NOFOLLOW)
+        guard descriptor >= 0 else { return nil }
+        defer { close(descriptor) }
+        var buffer = [UInt8](repeating: 0, count: 34)
+        let count = buffer.withUnsafeMutableBytes { pread(descriptor, $0.baseAddress, $0.count, 0) }
+        guard count == 34 else { return nil }
+        let fields = buffer.split(separator: UInt8(ascii: " "))
+        guard fields.count == 2,
+            let boot = UInt64(String(decoding: fields[0], as: UTF8.self), radix: 16),
+            let until = UInt64(String(decoding: fields[1].prefix(16), as: UTF8.self), radix: 16)
+        else { return nil }
+        return Beat(boot: Int64(bitPattern: boot), until: Int64(bitPattern: until))
+    }
+
+    /// Whether the incarnation whose owner value is `owner` waits for the file's write lock: its
+    /// heartbeat was written in this boot and holds at this uptime.
+    func waits(_ owner: String) -> Bool {
+        guard let beat = beat(of: owner), let boot = UptimeClock.machine.boot else { return false }
+        return beat.boot == boot && beat.until >= UptimeClock.uptimeMilliseconds()
+    }
+
     private func failure(_ what: String) -> Failure {
         Failure(description: "cannot \(what) the folder \(folder): \(String(cString: strerror(errno)))")
+    }
+}
+
+/// The incarnations made over one database file's store, whose heartbeats say that the store
+/// waits for the file's write lock (its connection's busy handler calls ``beat()``).
+final class Heartbeats: Sendable {
+    private struct Held: Sendable {
+        weak var incarnation: Incarnation?
+    }
+    private let held = Mutex<[Held]>([])
+
+    func add(_ incarnation: Incarnation) {
+        held.withLock { held in
+            held.removeAll { $0.incarnation == nil }
+            held.append(Held(incarnation: incarnation))
+        }
+    }
+
+    /// Says in the heartbeat of each incarnation still alive that it waits for the write lock.
+    func beat() {
+        let alive = held.withLock { $0.compactMap(\.incarnation) }
+        for incarnation in alive { incarnation.beat(for: LivenessLocks.beatLasts) }
+    }
+}
+
+/// The SQL function `hop_owner_waits(owner)` of a store's connection: 1 when the incarnation
+/// `owner` waits for the file's write lock (``LivenessLocks/waits(_:)``), else 0. Used on the
+/// store's thread only.
+final class OwnerWaits {
+    let locks: LivenessLocks
+    /// The answers given during the claim in progress: its statements must agree on whom it
+    /// takes a run from, though a heartbeat may be written between two of them.
+    private var kept: [String: Bool]?
+
+    init(databasePath: String) { locks = LivenessLocks(databasePath: databasePath) }
+
+    func answer(_ owner: String?) -> Int64 {
+        guard let owner else { return 0 }
+        if let known = kept?[owner] { return known ? 1 : 0 }
+        let waits = locks.waits(owner)
+        kept?[owner] = waits
+        return waits ? 1 : 0
+    }
+
+    /// Runs `body` (a claim's statements) with one answer per owner.
+    func keepingAnswers<T>(_ body: () throws -> T) rethrows -> T {
+        kept = [:]
+        defer { kept = nil }
+        return try body()
     }
 }

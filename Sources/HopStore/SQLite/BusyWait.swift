@@ -17,6 +17,13 @@ final class BusyWait {
     private let limit: UInt64
     /// When the wait in progress began (`CLOCK_MONOTONIC`, nanoseconds).
     private var began: UInt64 = 0
+    /// Called as a wait begins and every ``reportEvery`` while it lasts (`HopStore` says so in
+    /// the heartbeats of its incarnations: see ``LivenessLocks``).
+    var whileWaiting: (() -> Void)?
+    /// When `whileWaiting` was last called in the wait in progress.
+    private var reported: UInt64 = 0
+    /// How often a long wait calls `whileWaiting`, in nanoseconds.
+    static let reportEvery: UInt64 = 250_000_000
 
     init(timeout: Duration) {
         let (seconds, attoseconds) = timeout.components
@@ -38,6 +45,10 @@ final class BusyWait {
     private func again(after count: Int32) -> Bool {
         let now = Self.now()
         if count == 0 { began = now }
+        if let whileWaiting, count == 0 || now &- reported >= Self.reportEvery {
+            reported = now
+            whileWaiting()
+        }
         let waited = now &- began
         guard waited < limit else { return false }
         // A few short sleeps first (a write lock is often held for less than a millisecond),

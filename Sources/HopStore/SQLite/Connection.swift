@@ -22,6 +22,8 @@ final class Connection {
 
     /// Whether this connection created the database file (it was missing).
     let createdFile: Bool
+    /// The SQL function `hop_owner_waits`, once the store has defined it (see `OwnerWaits`).
+    var ownerWaits: OwnerWaits?
 
     /// Opens the database at `path`, creating it (mode 0600, folder included) when `create` is set.
     /// Only a regular file is adopted, never through a symbolic link (see `DatabaseFile`).
@@ -56,6 +58,37 @@ final class Connection {
             sqlite3_close_v2(handle)
             throw createdFile ? DatabaseFile.discardCreated(path, after: error) : error
         }
+    }
+
+    /// Calls `body` as each wait for another process's lock begins, and every quarter of a
+    /// second while it lasts (on the connection's thread, inside the SQLite call that waits).
+    func whileWaitingForALock(_ body: @escaping () -> Void) {
+        busyWait.whileWaiting = body
+    }
+
+    /// Defines the SQL function `name(text)` on this connection as `body`, whose answer is an
+    /// integer (`NULL` arrives as `nil`). Direct only: no trigger or view of a database can call it.
+    func define(function name: String, _ body: @escaping (String?) -> Int64) throws {
+        final class Box {
+            let body: (String?) -> Int64
+            init(_ body: @escaping (String?) -> Int64) { self.body = body }
+        }
+        let box = Unmanaged.passRetained(Box(body)).toOpaque()
+        let code = sqlite3_create_function_v2(
+            handle, name, 1, SQLITE_UTF8 | SQLITE_DIRECTONLY, box,
+            { context, count, values in
+                guard let context, let data = sqlite3_user_data(context) else { return }
+                let box = Unmanaged<Box>.fromOpaque(data).takeUnretainedValue()
+                var argument: String?
+                if count > 0, let value = values?[0], let text = sqlite3_value_text(value) {
+                    argument = String(cString: text)
+                }
+                sqlite3_result_int64(context, box.body(argument))
+            }, nil, nil,
+            { data in
+                if let data { Unmanaged<Box>.fromOpaque(data).release() }
+            })
+        guard code == SQLITE_OK else { throw failure(code, operation: "define the SQL function \(name)") }
     }
 
     private var isClosed = false

@@ -11,7 +11,9 @@ extension HopStore {
     /// A new engine incarnation labelled `label`, holding the liveness lock beside this database
     /// (see ``Incarnation``). Keep it for as long as the engine executes runs.
     package nonisolated func makeIncarnation(label: String) -> Incarnation {
-        Incarnation(label: label, databasePath: path)
+        let incarnation = Incarnation(label: label, databasePath: path)
+        heartbeats.add(incarnation)
+        return incarnation
     }
 
     /// Takes run `runID` for the incarnation `owner` until `until`, unless another incarnation
@@ -112,7 +114,8 @@ extension HopStore {
     }
 
     /// Unfinished, unparked runs of the given flows, on one of the given versions of each, that no
-    /// engine holds (no owner, or an expired lease), oldest first.
+    /// engine holds (no owner, or an expired lease whose owner does not wait for the write lock:
+    /// see ``LivenessLocks``), oldest first.
     package func claimableRuns(
         versions: [String: [String]], now: Date = Date(), limit: Int = .max
     ) throws -> [RunRecord] {
@@ -136,7 +139,8 @@ extension HopStore {
     /// never read.
     static let claimableRunsSQL = """
         SELECT \(RunRecord.columns) FROM runs INDEXED BY runs_unfinished
-        WHERE \(RunStatus.running.condition) AND flow = ?1 AND (owner IS NULL OR \(leaseOver(wall: "?2", boot: "?5", uptime: "?6")))
+        WHERE \(RunStatus.running.condition) AND flow = ?1
+            AND (owner IS NULL OR (\(leaseOver(wall: "?2", boot: "?5", uptime: "?6")) AND NOT hop_owner_waits(owner)))
             AND flow_version IN (SELECT value FROM json_each(?3))
         ORDER BY id LIMIT ?4
         """
@@ -210,7 +214,9 @@ extension HopStore {
 
 extension WriteTransaction {
     /// Claims the running runs that `selection` (over `?1`) picks and nobody else holds: no
-    /// owner, the claimer itself, or an expired lease. Records a takeover where one changes hands.
+    /// owner, the claimer itself, or an expired lease whose owner does not wait for the file's
+    /// write lock (``LivenessLocks``: one that waits is alive, kept from renewing only by another
+    /// process's lock). Records a takeover where one changes hands.
     fileprivate func claim(
         selection: String, _ selected: [SQLValue], owner: String, until: Date, operation: String
     ) throws -> [RunRecord] {
@@ -223,7 +229,19 @@ extension WriteTransaction {
         ]
         let over = HopStore.leaseOver(wall: "?3", boot: "?6", uptime: "?7")
         let claimable =
-            "\(selection) AND status = \(RunStatus.running.sql) AND (owner IS NULL OR owner = ?2 OR \(over))"
+            "\(selection) AND status = \(RunStatus.running.sql)"
+            + " AND (owner IS NULL OR owner = ?2 OR (\(over) AND NOT hop_owner_waits(owner)))"
+        guard let waits = connection.ownerWaits else {
+            throw refuse(.sqlite, operation, "the store's connection has no hop_owner_waits function")
+        }
+        return try waits.keepingAnswers {
+            try takeOver(claimable: claimable, selected + values, operation: operation)
+        }
+    }
+
+    /// The statements of ``claim(selection:_:owner:until:operation:)``: a `takeover` entry for
+    /// each run of `claimable` that changes hands, then the claim itself.
+    private func takeOver(claimable: String, _ values: [SQLValue], operation: String) throws -> [RunRecord] {
         try connection.run(
             """
             INSERT INTO history (run_id, seq, kind, step, value, at)
@@ -231,13 +249,13 @@ extension WriteTransaction {
                 json_object('from', last_owner, 'to', ?2), ?3
             FROM runs WHERE \(claimable) AND last_owner IS NOT NULL AND last_owner != ?2
             """,
-            selected + values, operation: operation)
+            values, operation: operation)
         return try connection.query(
             """
             UPDATE runs SET owner = ?2, last_owner = ?2, lease_expires_at = ?5, lease_boot = ?6
             WHERE \(claimable)
             RETURNING \(RunRecord.columns)
             """,
-            selected + values, operation: operation, RunRecord.init(row:))
+            values, operation: operation, RunRecord.init(row:))
     }
 }

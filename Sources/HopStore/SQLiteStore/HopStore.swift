@@ -81,13 +81,17 @@ public actor HopStore {
     var statistics = CommitStatistics()
     /// The database file.
     public nonisolated let path: String
+    /// The incarnations made over this store, whose heartbeats its waits for the write lock keep.
+    nonisolated let heartbeats: Heartbeats
     /// The schema version of the database once opened.
     public nonisolated let schemaVersion: Int
 
     private init(
-        executor: StoreExecutor, connection: Connection, schemaVersion: Int, commitDelay: Duration, logger: Logger
+        executor: StoreExecutor, connection: Connection, heartbeats: Heartbeats, schemaVersion: Int,
+        commitDelay: Duration, logger: Logger
     ) {
         self.executor = executor
+        self.heartbeats = heartbeats
         self.commitDelay = commitDelay
         self.connection = connection
         self.path = connection.path
@@ -114,6 +118,13 @@ public actor HopStore {
                 let connection = try Connection(
                     path: path, create: options.createIfMissing, durability: options.durability,
                     busyTimeout: options.busyTimeout, vfs: options.vfs)
+                // An engine that waits for the write lock says so in its heartbeat, and a claim
+                // takes no run from an owner that does (see `LivenessLocks`).
+                let heartbeats = Heartbeats()
+                connection.whileWaitingForALock { heartbeats.beat() }
+                let waits = OwnerWaits(databasePath: path)
+                try connection.define(function: "hop_owner_waits") { waits.answer($0) }
+                connection.ownerWaits = waits
                 let version: Int
                 do {
                     version =
@@ -129,7 +140,7 @@ public actor HopStore {
                 logger[metadataKey: "hop.db"] = "\(path)"
                 logger.debug("opened Hop database", metadata: ["hop.schema": "\(version)"])
                 return HopStore(
-                    executor: executor, connection: connection, schemaVersion: version,
+                    executor: executor, connection: connection, heartbeats: heartbeats, schemaVersion: version,
                     commitDelay: options.commitDelay, logger: logger)
             }
         } catch {
