@@ -1,4 +1,5 @@
 import Foundation
+import HopEngine
 import HopStore
 import HopTestSupport
 import Testing
@@ -51,9 +52,16 @@ import Testing
     /// transaction holds every other writer up until it is thawed (SQLite has one writer), and
     /// nothing changes hands meanwhile; the fleet must come through that too. The frozen-owner
     /// tests of `OwnershipProcessTests` take a run over from a frozen owner on purpose.
-    @Test(arguments: TestBackend.all)
-    func runsOfAFleetFrozenAtRandomAllCompleteAndEachHopIsRecordedOnce(backend: TestBackend) async throws {
-        let fleet = try await Fleet(backend: backend, lease: 2)
+    ///
+    /// Run with each `Configuration.lapsedLeases`: with `.stopExecuting`, a thawed engine also
+    /// finds the leases of the runs it executed lapsed, cancels their steps and executes again
+    /// those no other engine took over meanwhile, claiming them first (a claim that waits for
+    /// the database, against the others' claims of the same runs).
+    @Test(arguments: TestBackend.all, [HopEngine.LapsedLeases.keepExecuting, .stopExecuting])
+    func runsOfAFleetFrozenAtRandomAllCompleteAndEachHopIsRecordedOnce(
+        backend: TestBackend, lapsedLeases: HopEngine.LapsedLeases
+    ) async throws {
+        let fleet = try await Fleet(backend: backend, lease: 2, stopOnLapse: lapsedLeases == .stopExecuting)
         defer { fleet.killAll() }
         var thaws: [Task<Void, Never>] = []
         // Two minutes: with leases of 2 s, engines slowed by the whole suite on 2 cores renew
@@ -74,7 +82,7 @@ import Testing
         try await fleet.checkEveryRunDidEachThingOnce(entries: try fleet.bodyEntries())
         let takenOver = try await fleet.takeovers()
         try await fleet.stop()
-        print("fleet: \(thaws.count) freezes, \(takenOver) runs taken over")
+        print("fleet (\(backend.name), \(lapsedLeases)): \(thaws.count) freezes, \(takenOver) runs taken over")
     }
 
     /// Three engine processes of `hop-test-daemon --fleet` on one database, and what they did.
@@ -83,6 +91,8 @@ import Testing
         let url: String
         let store: any HopAdministration
         let lease: Int
+        /// Whether the engines stop executing the runs whose leases lapse (`--stop-on-lapse`).
+        let stopOnLapse: Bool
         private(set) var engines: [ChildProcess] = []
         private var everyEngine: [ChildProcess] = []
         private var launched = 0
@@ -93,11 +103,12 @@ import Testing
         /// At least this many disruptions, however slow a loaded machine makes the test's loop.
         let disruptions = 20
 
-        init(backend: TestBackend, lease: Int) async throws {
+        init(backend: TestBackend, lease: Int, stopOnLapse: Bool = false) async throws {
             folder = try TemporaryDirectory()
             url = try await backend.location(folder)
             store = try await backend.open(folder)
             self.lease = lease
+            self.stopOnLapse = stopOnLapse
             engines = try (0..<3).map { _ in try launch() }
             for engine in engines { try await engine.waitForOutput("ready") }
         }
@@ -109,7 +120,7 @@ import Testing
                 [
                     "--db", url, "--files", folder.database, "--fleet", "--engine-id", "fleet-\(launched)", "--lease",
                     "\(lease)",
-                ],
+                ] + (stopOnLapse ? ["--stop-on-lapse"] : []),
                 keepInputOpen: true, directory: folder)
             everyEngine.append(engine)
             return engine
