@@ -453,16 +453,51 @@ extension PostgresStore: HopStorage {
     /// between tries. The lock's connection connects again within 5 s, and the renewal goes
     /// through as soon as the lock is held again: within the grace after a server's start
     /// (``graceAfterServerStart``) that keeps other engines from taking the runs as expired.
+    ///
+    /// A run whose row another transaction holds is skipped, not waited for: a transaction that
+    /// keeps one run's row locked (an operator's `UPDATE` left uncommitted, a write of the run
+    /// that waits for its subject's lock) held back the renewal of every other lease of the
+    /// engine, which ran out, and another engine could take those runs over while they ran on.
+    /// The skipped runs are renewed one by one by statements that wait for their rows, in a task
+    /// of its own (one per engine at a time), so that once a row is let go the owner renews the
+    /// lease before a claim that came later can take the run; meanwhile no claim can take it
+    /// either (a claim locks the row). Each statement holds no row while it waits: a run skipped
+    /// for a moment (its engine was writing it) is never held up behind another one's wait. The
+    /// result says only the runs renewed without waiting.
     @discardableResult
     package func renewLeases(owner: String, runIDs: [Int64], until: Date) async throws -> Set<Int64> {
         guard !runIDs.isEmpty else { return [] }
+        let renewed = try await renewLeases(owner: owner, runIDs: runIDs, until: until, waiting: false)
+        let skipped = runIDs.filter { !renewed.contains($0) }
+        if !skipped.isEmpty, renewalsWaiting.withLock({ $0.insert(owner).inserted }) {
+            Task {
+                defer { _ = renewalsWaiting.withLock { $0.remove(owner) } }
+                // A run skipped because it is no longer the owner's is not waited for (its row no
+                // longer matches); a failure is left to the next renewal, which tries again.
+                for runID in skipped.sorted() {
+                    _ = try? await renewLeases(owner: owner, runIDs: [runID], until: until, waiting: true)
+                }
+            }
+        }
+        return renewed
+    }
+
+    /// Renews `owner`'s leases of `runIDs`, skipping the rows another transaction holds, or
+    /// `waiting` for them; returns the runs renewed.
+    private func renewLeases(owner: String, runIDs: [Int64], until: Date, waiting: Bool) async throws -> Set<Int64> {
         let operation = "renew leases"
         let sql = """
             UPDATE runs SET lease_expires_at = \(PostgresStore.serverNow) + $3
-            WHERE id = ANY($1) AND owner = $2 AND status = 'running' RETURNING id
+            WHERE id IN (
+                SELECT id FROM runs WHERE id = ANY($1) AND owner = $2 AND status = 'running'
+                FOR UPDATE\(waiting ? "" : " SKIP LOCKED")
+            )
+            RETURNING id
             """
         let values: [PostgresValue] = [.ints(runIDs), .text(owner), .int(leaseLength(until: until))]
-        guard let lock = locks.withLock({ $0[owner]?.lock }) else {
+        // The wait for locked rows goes through the pool: it must not hold the liveness lock's
+        // connection, on which the next renewals go.
+        guard !waiting, let lock = locks.withLock({ $0[owner]?.lock }) else {
             return try await transaction(operation) { tx in Set(try await tx.query(sql, values) { try $0.int64(0) }) }
         }
         // One statement, so one transaction of its own. A deadlock the server broke (with a claim

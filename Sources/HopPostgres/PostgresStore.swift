@@ -34,6 +34,8 @@ public final class PostgresStore: Sendable {
     let changes: ChangeListener
     /// The liveness locks of the incarnations made here, by owner value.
     let locks = Mutex<[String: WeakLock]>([:])
+    /// The owners with a renewal waiting for rows another transaction holds (``renewLeases(owner:runIDs:until:)``).
+    let renewalsWaiting = Mutex<Set<String>>([])
     /// The server's clock, as seen from here.
     let clock: ServerClock
     /// The object id of Hop's `runs` table when this store opened the database: the table is

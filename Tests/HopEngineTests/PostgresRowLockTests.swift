@@ -1,0 +1,88 @@
+import Foundation
+import HopStore
+import HopTestSupport
+import PostgresNIO
+import Testing
+
+/// Another client's transaction that holds the row of a run an engine executes, on PostgreSQL.
+@Suite struct PostgresRowLockTests {
+    /// An operator's transaction locks the row of one of the two runs a daemon executes (an
+    /// `UPDATE` left uncommitted in psql or in a client's manual-commit mode) for longer than two
+    /// leases, while a second daemon serves the same database. The other run's lease never runs
+    /// out (read every 50 ms), and once the row is let go the locked run's lease is renewed by
+    /// its owner before any claim: neither run changes hands, and each step is entered once.
+    /// Before, the daemon renewed its leases in one statement that waited for the locked row,
+    /// so every lease it held ran out behind it, and whichever daemon claimed the other run first
+    /// got it (red in 1 of 2 runs: the owner's own claim had renewed it in the other).
+    @Test(.enabled(if: PostgresProcessTests.available))
+    func aRowAnotherClientLocksKeepsNoOtherLeaseOfItsEngineFromBeingRenewed() async throws {
+        let folder = try TemporaryDirectory()
+        let url = try await TestBackend.postgres.location(folder)
+        let store = try await TestBackend.postgres.open(folder)
+        // The server's start first seen long ago: no grace after it keeps a lease from running out.
+        _ = try await TestDatabases.shared.psql(
+            """
+            INSERT INTO server_starts (started_at, first_seen_at) VALUES (pg_postmaster_start_time(), '2000-01-01')
+            ON CONFLICT (started_at) DO UPDATE SET first_seen_at = EXCLUDED.first_seen_at
+            """, in: folder)
+        // Six runs of the flow "mixed": the first and the fourth in the step "work", which runs
+        // until the test releases it; the others parked or asleep, held by no engine.
+        let owner = try ChildProcess(
+            "hop-test-daemon",
+            ["--db", url, "--files", folder.database, "--mixed", "6", "--lease", "3", "--engine-id", "A"],
+            keepInputOpen: true, directory: folder)
+        defer { owner.kill() }
+        try await owner.waitForOutput("started 6")
+        let working = try await store.runs(flow: "mixed", subject: nil, limit: 10)
+            .filter { $0.status == .running && $0.currentStep == "work" }.map(\.id).sorted()
+        try #require(working.count == 2, "\(owner.stdout)")
+        let other = try ChildProcess(
+            "hop-test-daemon",
+            ["--db", url, "--files", folder.database, "--fleet", "--lease", "3", "--engine-id", "B"],
+            keepInputOpen: true, directory: folder)
+        defer { other.kill() }
+        try await other.waitForOutput("ready")
+
+        let holder = try await PostgresConnectionLossTests.connect(url)
+        let quiet = PostgresConnectionLossTests.quiet
+        _ = try await holder.query("BEGIN", logger: quiet).collect()
+        _ = try await holder.query("SELECT id FROM runs WHERE id = \(working[0]) FOR UPDATE", logger: quiet).collect()
+        // The row stays locked for 7 s (past two leases); meanwhile the other run's lease is read
+        // every 50 ms, and must never have run out (by this machine's clock, the server's).
+        var ranOut: [String] = []
+        let until = ContinuousClock.now + .seconds(7)
+        while ContinuousClock.now < until {
+            let now = Date()
+            if let lease = try await store.run(id: working[1])?.leaseExpiresAt, lease < now {
+                ranOut.append("\(lease) at \(now)")
+            }
+            try await Task.sleep(for: .milliseconds(50))
+        }
+        let history = try await store.history(runID: working[1])
+        let held = try #require(try await store.run(id: working[0])?.owner)
+        _ = try await holder.query("ROLLBACK", logger: quiet).collect()
+        let released = Date()
+        try await holder.close()
+        // The locked run's lease ran out while its row was held, but the owner's renewal waited
+        // for the row, ahead of any claim: it renews the lease as soon as the row is let go.
+        try await waitUntil("the locked run's lease is renewed, or the run changed hands") {
+            let run = try await store.run(id: working[0])
+            return run?.owner != held || (run?.leaseExpiresAt ?? .distantPast) > released
+        }
+        #expect(try await store.run(id: working[0])?.owner == held)
+        #expect(!(try await store.history(runID: working[0])).contains { $0.kind == .takeover })
+
+        #expect(!history.contains { $0.kind == .takeover }, "\(history)\nB: \(other.stdout)")
+        // Had it run out, either daemon could have claimed it first: the owner, which then
+        // executes it again once its step ends, or the second daemon, beside the owner's step.
+        #expect(ranOut.isEmpty, "the lease of run \(working[1]) ran out \(ranOut.count) times: \(ranOut.prefix(3))")
+        for run in working {
+            let entered = bodyLines(in: folder).filter { $0.hasPrefix("\(run) work") }
+            #expect(entered.count == 1, "run \(run): \(entered)")
+        }
+        owner.closeInput()
+        other.closeInput()
+        _ = try await owner.waitForExit()
+        _ = try await other.waitForExit()
+    }
+}
