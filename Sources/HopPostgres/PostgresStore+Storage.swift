@@ -467,7 +467,7 @@ extension PostgresStore: HopStorage {
     @discardableResult
     package func renewLeases(owner: String, runIDs: [Int64], until: Date) async throws -> Set<Int64> {
         guard !runIDs.isEmpty else { return [] }
-        let renewed = try await renewLeases(owner: owner, runIDs: runIDs, until: until, waiting: false)
+        let renewed = try await renewLeases(owner: owner, runIDs: runIDs, until: until, skipLocked: true)
         let skipped = runIDs.filter { !renewed.contains($0) }
         if !skipped.isEmpty, renewalsWaiting.withLock({ $0.insert(owner).inserted }) {
             Task {
@@ -475,29 +475,31 @@ extension PostgresStore: HopStorage {
                 // A run skipped because it is no longer the owner's is not waited for (its row no
                 // longer matches); a failure is left to the next renewal, which tries again.
                 for runID in skipped.sorted() {
-                    _ = try? await renewLeases(owner: owner, runIDs: [runID], until: until, waiting: true)
+                    _ = try? await renewLeases(owner: owner, runIDs: [runID], until: until, skipLocked: false)
                 }
             }
         }
         return renewed
     }
 
-    /// Renews `owner`'s leases of `runIDs`, skipping the rows another transaction holds, or
-    /// `waiting` for them; returns the runs renewed.
-    private func renewLeases(owner: String, runIDs: [Int64], until: Date, waiting: Bool) async throws -> Set<Int64> {
+    /// Renews `owner`'s leases of `runIDs`, skipping the rows another transaction holds
+    /// (`skipLocked`) or waiting for them; returns the runs renewed.
+    private func renewLeases(
+        owner: String, runIDs: [Int64], until: Date, skipLocked: Bool
+    ) async throws -> Set<Int64> {
         let operation = "renew leases"
         let sql = """
             UPDATE runs SET lease_expires_at = \(PostgresStore.serverNow) + $3
             WHERE id IN (
                 SELECT id FROM runs WHERE id = ANY($1) AND owner = $2 AND status = 'running'
-                FOR UPDATE\(waiting ? "" : " SKIP LOCKED")
+                FOR UPDATE\(skipLocked ? " SKIP LOCKED" : "")
             )
             RETURNING id
             """
         let values: [PostgresValue] = [.ints(runIDs), .text(owner), .int(leaseLength(until: until))]
         // The wait for locked rows goes through the pool: it must not hold the liveness lock's
         // connection, on which the next renewals go.
-        guard !waiting, let lock = locks.withLock({ $0[owner]?.lock }) else {
+        guard skipLocked, let lock = locks.withLock({ $0[owner]?.lock }) else {
             return try await transaction(operation) { tx in Set(try await tx.query(sql, values) { try $0.int64(0) }) }
         }
         // One statement, so one transaction of its own. A deadlock the server broke (with a claim
