@@ -129,7 +129,7 @@ extension HopEngine {
         /// again, from their history, those no other engine took over meanwhile: their steps run
         /// again, after a restart or failover of the server too. For steps that must never run
         /// on two engines at once. (On a file, an engine whose renewals only wait for another
-        /// process's write lock keeps its runs, but stops their steps all the same.)
+        /// process's write lock keeps its runs, and does not stop their steps while it waits.)
         case stopExecuting
     }
 

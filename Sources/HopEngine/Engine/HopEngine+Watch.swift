@@ -256,7 +256,13 @@ extension HopEngine: Service {
         let longestWait = configuration.leaseDuration / 3
         while !Task.isCancelled {
             let now = ContinuousClock.now
-            let lapsed = environment.holdings.withLock { $0.lapse(before: now - kept) }
+            // On a file, while this engine's heartbeat says it waits for the write lock another
+            // process holds, no other engine takes its runs (`LivenessLocks`): a lease that
+            // lapses meanwhile is not stopped, until a second before the heartbeat could go stale.
+            let shielded = environment.incarnation.heartbeatHolds(lessMargin: .seconds(1)).flatMap {
+                $0 > now ? $0 : nil
+            }
+            let lapsed = shielded != nil ? [] : environment.holdings.withLock { $0.lapse(before: now - kept) }
             if !lapsed.isEmpty {
                 environment.metrics.runsLapsed.increment(by: lapsed.count)
                 for runID in lapsed {
@@ -271,7 +277,8 @@ extension HopEngine: Service {
                         "hop.run": "\(lapsed.sorted().prefix(20).map(String.init).joined(separator: ","))",
                     ])
             }
-            let next = environment.holdings.withLock { $0.oldestLease }.map { $0 + kept } ?? now + longestWait
+            let next =
+                shielded ?? environment.holdings.withLock { $0.oldestLease }.map { $0 + kept } ?? now + longestWait
             do {
                 try await Task.sleep(until: min(next, now + longestWait), clock: .continuous)
             } catch {

@@ -37,6 +37,9 @@ public final class Incarnation: Sendable {
     private let lockDescriptor: Int32?
     /// The heartbeat file's descriptor (see ``LivenessLocks``), open for the incarnation's whole life.
     private let beatDescriptor: Int32?
+    /// When the heartbeat was last written, by this process's monotonic clock (taken before it
+    /// was: the heartbeat holds for no less than ``LivenessLocks/beatLasts`` after it).
+    private let lastBeat = Mutex<ContinuousClock.Instant?>(nil)
     /// A server backend's proof of liveness (the connection holding its advisory lock), kept for
     /// the incarnation's whole life and let go of with it.
     private let serverLock: (any Sendable)?
@@ -83,8 +86,17 @@ public final class Incarnation: Sendable {
     /// Nothing where the incarnation has no heartbeat (no lock file, or a server's lock).
     func beat(for duration: Duration) {
         guard let beatDescriptor, let boot = UptimeClock.machine.boot else { return }
+        let now = ContinuousClock.now
         let until = UptimeClock.uptimeMilliseconds() + Int64(duration / .milliseconds(1))
-        LivenessLocks.store(LivenessLocks.Beat(boot: boot, until: until), in: beatDescriptor)
+        guard LivenessLocks.store(LivenessLocks.Beat(boot: boot, until: until), in: beatDescriptor) else { return }
+        lastBeat.withLock { $0 = max($0 ?? now, now) }
+    }
+
+    /// Until when (by this process's monotonic clock, less `margin`) the heartbeat keeps other
+    /// engines from taking this incarnation's runs whose leases expired, because it says that
+    /// the incarnation waits for the file's write lock; `nil` when no heartbeat was written.
+    package func heartbeatHolds(lessMargin margin: Duration) -> ContinuousClock.Instant? {
+        lastBeat.withLock { $0 }.map { $0 + LivenessLocks.beatLasts - margin }
     }
 
     /// The label part of an owner value written by ``id`` (the whole value for an older owner).
@@ -199,15 +211,16 @@ struct LivenessLocks {
         return descriptor >= 0 ? descriptor : nil
     }
 
-    /// Writes `beat` over the heartbeat in the open file `descriptor` (one `pwrite` of 34 bytes;
-    /// a failure only leaves the heartbeat as it was).
-    static func store(_ beat: Beat, in descriptor: Int32) {
+    /// Writes `beat` over the heartbeat in the open file `descriptor` (one `pwrite` of 34 bytes);
+    /// whether it was written (a failure leaves the heartbeat as it was).
+    @discardableResult
+    static func store(_ beat: Beat, in descriptor: Int32) -> Bool {
         func hex(_ value: Int64) -> String {
             let digits = String(UInt64(bitPattern: value), radix: 16)
             return String(repeating: "0", count: 16 - digits.count) + digits
         }
         let record = Array("\(hex(beat.boot)) \(hex(beat.until))\n".utf8)
-        _ = record.withUnsafeBytes { pwrite(descriptor, $0.baseAddress, $0.count, 0) }
+        return record.withUnsafeBytes { pwrite(descriptor, $0.baseAddress, $0.count, 0) } == record.count
     }
 
     /// The heartbeat of the incarnation whose owner value is `owner`; `nil` when it has none
