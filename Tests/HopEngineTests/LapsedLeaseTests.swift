@@ -123,31 +123,6 @@ import Testing
         #expect(!history.contains { [HistoryKind.takeover, .error, .fail, .diverge].contains($0.kind) }, "\(history)")
     }
 
-    /// On a file, an engine whose renewals wait for the write lock that another process holds
-    /// past its lease keeps its runs: its heartbeat says that it waits, and no other engine
-    /// takes them meanwhile (`LivenessLocks`). So with `.stopExecuting` it does not stop their
-    /// steps either: once the lock is let go it renews the lease, and the step runs on, entered
-    /// once. Before, it stopped the step a lease after its last renewal, and ran it again.
-    @Test func onAFileAnEngineThatStopsOnALapsedLeaseLetsItsStepRunOnWhileItWaitsForTheWriteLock() async throws {
-        let folder = try TemporaryDirectory()
-        let (storage, logs, notes, _, service, id, _) = try await Self.inSplash(.sqlite, folder, .stopExecuting)
-        defer { service.cancel() }
-        let released = try await holdingTheWriteLock(of: folder.database) {
-            // How long the lock is held (twice the lease, within the store's busy timeout of 5 s,
-            // so that the renewal waits throughout), not a wait for an outcome.
-            try await Task.sleep(for: Self.lease * 2)
-            return Date()
-        }
-        try await waitUntil("the lease is renewed once the lock is let go") {
-            (try await storage.base.run(id: id)?.leaseExpiresAt ?? .distantPast) > released
-        }
-        #expect(notes.list.withLock { $0 } == ["entered"])
-        #expect(
-            (try? notes.metrics.expectCounter("hop_runs_lost_total", [("reason", "lease_lapsed")]).totalValue) ?? 0 == 0
-        )
-        #expect(!logs.texts(atLeast: .warning).contains { $0.contains("could not renew the leases of runs") })
-    }
-
     /// With the default, `.keepExecuting`, the same engine's step runs on while the database
     /// does not answer, and its end is recorded once the database answers: a step runs once
     /// across an outage, however long.

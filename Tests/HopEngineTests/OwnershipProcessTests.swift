@@ -140,12 +140,20 @@ import Testing
     /// `sqlite3` session, a `VACUUM`), three times over. Every engine waits for the lock
     /// meanwhile: the owner cannot renew its lease, and the other engine, finding the lease
     /// expired, waits to claim the run. The owner is alive and not frozen: it keeps its run, and
-    /// its step is never entered again nor cancelled. (Each hold ends while both engines still
-    /// wait, 4 s into their 5 s busy timeout: whichever writes first once it ends, the other
-    /// engine must not take the run. Before, it took it at the first hold, in 3 runs of 3.)
-    @Test func aLiveOwnerKeepsItsRunWhileAnotherProcessHoldsTheWriteLockPastItsLease() async throws {
+    /// its step is never entered again nor cancelled, with either `lapsedLeases` (an owner that
+    /// stops executing a run whose lease it could not renew does not stop it while its heartbeat
+    /// says that it waits for the lock).
+    ///
+    /// The first two holds end while both engines still wait, 4 s into their 5 s busy timeout:
+    /// whichever writes first once it ends, the other engine must not take the run. Before, it
+    /// took it at the first hold, in 3 runs of 3. The third lasts 7 s, longer than the busy
+    /// timeout: the owner's renewal fails busy and is tried again, and its heartbeat must hold
+    /// across. (The `stopExecuting` case was an in-process test before, which a loaded test
+    /// process starved past its lease: a daemon of its own is what an operator runs.)
+    @Test(arguments: [false, true])
+    func aLiveOwnerKeepsItsRunWhileAnotherProcessHoldsTheWriteLockPastItsLease(stopOnLapse: Bool) async throws {
         let folder = try TemporaryDirectory()
-        let arguments = try await Self.twinArguments(.sqlite, folder)
+        let arguments = try await Self.twinArguments(.sqlite, folder) + (stopOnLapse ? ["--stop-on-lapse"] : [])
         let owner = try ChildProcess(
             "hop-test-daemon", arguments, environment: ["HOP_TEST_SLOW_SPLASH": "1"], directory: folder)
         defer { owner.kill() }
@@ -156,22 +164,22 @@ import Testing
         let store = try await TestBackend.sqlite.open(folder)
         let held = try #require(try await store.run(id: 1)?.owner, "A holds the run: \(owner.stdout)")
 
-        for hold in 1...3 {
+        for (hold, seconds) in [4, 4, 7].enumerated() {
             let released = try await holdingTheWriteLock(of: folder.database) {
                 // How long the lock is held (past the 3 s lease), not a wait for an outcome.
-                try await Task.sleep(for: .seconds(4))
+                try await Task.sleep(for: .seconds(seconds))
                 return Date()
             }
-            try await waitUntil("the owner renewed its lease, or lost its run (hold \(hold))") {
+            try await waitUntil("the owner renewed its lease, or lost its run (hold \(hold + 1))") {
                 let run = try await store.run(id: 1)
                 return run?.owner != held || (run?.leaseExpiresAt ?? .distantPast) > released
             }
             let history = try await store.history(runID: 1)
             #expect(
                 try await store.run(id: 1)?.owner == held,
-                "hold \(hold): the run changed hands: \(history)\nA: \(owner.stdout)\nB: \(other.stdout)")
-            #expect(!history.contains { $0.kind == .takeover }, "hold \(hold): \(history)")
-            #expect(bodyLines(in: folder) == ["1 splash"], "hold \(hold)")
+                "hold \(hold + 1): the run changed hands: \(history)\nA: \(owner.stdout)\nB: \(other.stdout)")
+            #expect(!history.contains { $0.kind == .takeover }, "hold \(hold + 1): \(history)")
+            #expect(bodyLines(in: folder) == ["1 splash"], "hold \(hold + 1): \(owner.stdout)")
         }
     }
 

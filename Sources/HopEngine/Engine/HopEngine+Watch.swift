@@ -213,15 +213,24 @@ extension HopEngine: Service {
     /// lease of the fleet has expired, the engine renews its leases at the first chance, before
     /// another engine takes its runs as expired. Before, the next try came a third of a lease
     /// later (20 s with a lease of a minute).
+    ///
+    /// Both waits count from when the last renewal was asked for, not from its answer: a renewal
+    /// that waited (for SQLite's write lock another process held, or a row another client locked)
+    /// renewed the leases to a lease after it was asked for, which may be over by its answer, and
+    /// the next one goes at once. Before, it went a third of a lease after the answer: a daemon
+    /// that waited for a lock held past its lease kept its runs only by its heartbeat meanwhile,
+    /// and once that heartbeat went stale, with `.stopExecuting`, it stopped their steps and ran
+    /// them again (and any other engine could take them over).
     private func renewLeases() async {
         var failures = RepeatedFailures()
         let interval = configuration.leaseDuration / 3
-        var wait = interval
+        var next = ContinuousClock.now + interval
         while !Task.isCancelled {
+            // Asked for then: each lease renewed ends no sooner than a lease from then.
+            var asked = next
             do {
-                try await Task.sleep(for: wait)
-                // Asked for now: each lease renewed ends no sooner than a lease from now.
-                let asked = ContinuousClock.now
+                try await Task.sleep(until: next, clock: .continuous)
+                asked = ContinuousClock.now
                 let runIDs = environment.holdings.withLock { $0.renewable }
                 let renewed = try await storage.renewLeases(owner: id, runIDs: runIDs, until: environment.leaseEnd)
                 // Only a loop that stops runs whose leases lapse reads when they were renewed.
@@ -229,14 +238,14 @@ extension HopEngine: Service {
                     environment.holdings.withLock { $0.renewed(renewed, at: asked) }
                 }
                 failures.logSuccess(to: logger, Self.renewalLines)
-                wait = interval
+                next = asked + interval
             } catch is CancellationError {
                 return
             } catch  where Task.isCancelled {
                 return  // a call the engine's stop cancelled (PostgreSQL's client says so its own way)
             } catch {
                 failures.log(error, to: logger, Self.renewalLines)
-                wait = min(interval, Self.renewalRetry)
+                next = asked + min(interval, Self.renewalRetry)
             }
         }
     }
