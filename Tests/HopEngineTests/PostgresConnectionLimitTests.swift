@@ -39,6 +39,9 @@ import Testing
         try await waitUntil("the engine is ready") { events.ready }
 
         let admin = try await PostgresConnectionLossTests.connect(plain)
+        // Closed whatever happens: a connection left open when a failing test throws ends the
+        // whole test process (PostgresNIO asserts that each connection is closed).
+        defer { Task { try? await admin.close() } }
         let database = try await admin.query("SELECT current_database()", logger: PostgresConnectionLossTests.quiet)
             .collect().first?.decode(String.self)
         let finished = Mutex(false)

@@ -34,6 +34,14 @@ import Testing
         // connection of its pool (20), and more claims wait for a connection.
         let holder = try await PostgresConnectionLossTests.connect(url)
         let admin = try await PostgresConnectionLossTests.connect(url)
+        // Closed whatever happens: a connection left open when a failing test throws ends the
+        // whole test process (PostgresNIO asserts that each connection is closed).
+        defer {
+            Task {
+                try? await holder.close()
+                try? await admin.close()
+            }
+        }
         let quiet = PostgresConnectionLossTests.quiet
         _ = try await holder.query("BEGIN", logger: quiet).collect()
         _ = try await holder.query("SELECT id FROM runs WHERE id = \(blocked.id) FOR UPDATE", logger: quiet).collect()

@@ -1,7 +1,10 @@
 import Foundation
+import HopEngine
+import HopPostgres
 import HopStore
 import HopTestSupport
 import PostgresNIO
+import Synchronization
 import Testing
 
 /// Another client's transaction that holds the row of a run an engine executes, on PostgreSQL.
@@ -44,6 +47,9 @@ import Testing
         try await other.waitForOutput("ready")
 
         let holder = try await PostgresConnectionLossTests.connect(url)
+        // Closed whatever happens: a connection left open when a failing test throws ends the
+        // whole test process (PostgresNIO asserts that each connection is closed).
+        defer { Task { try? await holder.close() } }
         let quiet = PostgresConnectionLossTests.quiet
         _ = try await holder.query("BEGIN", logger: quiet).collect()
         _ = try await holder.query("SELECT id FROM runs WHERE id = \(working[0]) FOR UPDATE", logger: quiet).collect()
@@ -84,5 +90,86 @@ import Testing
         other.closeInput()
         _ = try await owner.waitForExit()
         _ = try await other.waitForExit()
+    }
+
+    /// An engine stopped while another client's transaction holds the row of a run it executes
+    /// (an operator's forgotten `psql` session): its renewal of that run's lease waits for the row,
+    /// in a statement of its own through the pool, and so does its release of the run as it
+    /// stops; neither the engine's stop nor the store's `close()` waits for them (a daemon that
+    /// did would be killed at its stop timeout). Once the row is let go, an engine started
+    /// again takes the run over at once and carries it on, whatever those statements did.
+    @Test(.enabled(if: PostgresProcessTests.available))
+    func anEngineAndItsStoreStopWhileOneOfItsRenewalsWaitsForARowAnotherClientHolds() async throws {
+        let folder = try TemporaryDirectory()
+        let url = try await TestBackend.postgres.location(folder)
+        let entries = Atomic<Int>(0)
+        func engine(_ store: PostgresStore) -> HopEngine {
+            let engine = HopEngine(
+                database: store.database, logger: PostgresConnectionLossTests.quiet,
+                configuration: HopEngine.Configuration(leaseDuration: .seconds(3)))
+            engine.register(startupFlow())
+            engine.register(step: "splash") { _ in
+                entries.add(1, ordering: .sequentiallyConsistent)
+                try await Task.sleep(for: .seconds(600))  // until cancelled
+            }
+            return engine
+        }
+        let store = try await PostgresStore.open(url: url)
+        // The server's start first seen long ago: the engine started again may take a run of a
+        // gone engine at once (no grace after a server's start).
+        _ = try await TestDatabases.shared.psql(
+            """
+            INSERT INTO server_starts (started_at, first_seen_at) VALUES (pg_postmaster_start_time(), '2000-01-01')
+            ON CONFLICT (started_at) DO UPDATE SET first_seen_at = EXCLUDED.first_seen_at
+            """, in: folder)
+        let first = engine(store)
+        let service = Task { try await first.run() }
+        defer { service.cancel() }
+        let run = try await first.start("startup")
+        try await waitUntil("the splash is entered") { entries.load(ordering: .sequentiallyConsistent) == 1 }
+
+        let holder = try await PostgresConnectionLossTests.connect(url)
+        // Closed whatever happens: a connection left open when a failing test throws ends the
+        // whole test process (PostgresNIO asserts that each connection is closed).
+        defer { Task { try? await holder.close() } }
+        let quiet = PostgresConnectionLossTests.quiet
+        _ = try await holder.query("BEGIN", logger: quiet).collect()
+        _ = try await holder.query("SELECT id FROM runs WHERE id = \(run.id) FOR UPDATE", logger: quiet).collect()
+        // The next renewal skips the row, and leaves a statement waiting for it.
+        try await waitUntil("a statement of the engine waits for the locked row") {
+            let waiting = try await TestDatabases.shared.psql(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                in: folder)
+            return waiting.trimmingCharacters(in: .whitespacesAndNewlines) == "1"
+        }
+
+        let stopped = Atomic<Bool>(false)
+        let stopping = Task {
+            service.cancel()
+            _ = try? await service.value
+            await store.close()
+            stopped.store(true, ordering: .sequentiallyConsistent)
+        }
+        defer { stopping.cancel() }
+        // With the row still held: a stop that waited for it would never end.
+        try await waitUntil("the engine has stopped and its store is closed", timeout: .seconds(30)) {
+            stopped.load(ordering: .sequentiallyConsistent)
+        }
+        _ = try await holder.query("ROLLBACK", logger: quiet).collect()
+        try await holder.close()
+
+        let again = try await PostgresStore.open(url: url)
+        let second = engine(again)
+        let secondService = Task { try await second.run() }
+        defer { secondService.cancel() }
+        try await waitUntil("the engine started again enters the splash again") {
+            entries.load(ordering: .sequentiallyConsistent) == 2
+        }
+        let history = try await again.history(runID: run.id)
+        #expect(history.map(\.kind) == [.hop, .takeover], "\(history)")
+        #expect(try await again.run(id: run.id)?.owner == second.incarnation.id)
+        secondService.cancel()
+        _ = try? await secondService.value
+        await again.close()
     }
 }
