@@ -226,10 +226,10 @@ extension HopEngine: Service {
         let interval = configuration.leaseDuration / 3
         var next = ContinuousClock.now + interval
         while !Task.isCancelled {
-            // Asked for then: each lease renewed ends no sooner than a lease from then.
             var asked = next
             do {
                 try await Task.sleep(until: next, clock: .continuous)
+                // Asked for now: each lease renewed ends no sooner than a lease from now.
                 asked = ContinuousClock.now
                 let runIDs = environment.holdings.withLock { $0.renewable }
                 let renewed = try await storage.renewLeases(owner: id, runIDs: runIDs, until: environment.leaseEnd)
