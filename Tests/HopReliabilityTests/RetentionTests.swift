@@ -84,9 +84,12 @@ import Testing
             Int(writes[$0 + 1].trimmingCharacters(in: .whitespacesAndNewlines))
         }
         #expect(writer.stdout.contains(" failed 0 "), "\(writer.stdout)")
-        // At most a few batches of 500 runs: a pause can be missed when the machine is loaded.
+        // At most a few batches of 500 runs: a pause can be missed when the machine is loaded
+        // (a waiting writer not scheduled within the prune's 2 ms pause). Under the full suite,
+        // 7 batches once went by (3,500 runs, the write waiting 470 ms); before the hand-over,
+        // 68-102 did.
         #expect(
-            try #require(passed, "\(writer.stdout)") <= 2_500,
+            try #require(passed, "\(writer.stdout)") <= 5_000,
             "a write waited while the prune went on: \(writer.stdout)")
         #expect(try await reading.value > 0)
         #expect(pruned.status == 0, "\(pruned.stderr)")
