@@ -156,8 +156,11 @@ import Testing
     /// whichever writes first once it ends, the other engine must not take the run. Before, it
     /// took it at the first hold, in 3 runs of 3. The third lasts 7 s, longer than the busy
     /// timeout: the owner's renewal fails busy and is tried again, and its heartbeat must hold
-    /// across. (The `stopExecuting` case was an in-process test before, which a loaded test
-    /// process starved past its lease: a daemon of its own is what an operator runs.)
+    /// across. With `--stop-on-lapse` the owner's splash was cancelled and entered again at every
+    /// hold, while its lease renewals were paced from their answers: a renewal that waited
+    /// through the hold was followed a third of a lease later, after its heartbeat stopped
+    /// shielding the run. (That case was an in-process test before, whose 2 s lease hid it, and
+    /// which a loaded test process starved past its lease.)
     @Test(arguments: [false, true])
     func aLiveOwnerKeepsItsRunWhileAnotherProcessHoldsTheWriteLockPastItsLease(stopOnLapse: Bool) async throws {
         let folder = try TemporaryDirectory()
