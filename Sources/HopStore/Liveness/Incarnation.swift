@@ -37,9 +37,9 @@ public final class Incarnation: Sendable {
     private let lockDescriptor: Int32?
     /// The heartbeat file's descriptor (see ``LivenessLocks``), open for the incarnation's whole life.
     private let beatDescriptor: Int32?
-    /// When the heartbeat was last written, by this process's monotonic clock (taken before it
-    /// was: the heartbeat holds for no less than ``LivenessLocks/beatLasts`` after it).
-    private let lastBeat = Mutex<ContinuousClock.Instant?>(nil)
+    /// Until when the heartbeat last written holds, by this process's monotonic clock (read
+    /// before it was written: it holds no shorter than that in the file).
+    private let beatHolds = Mutex<ContinuousClock.Instant?>(nil)
     /// A server backend's proof of liveness (the connection holding its advisory lock), kept for
     /// the incarnation's whole life and let go of with it.
     private let serverLock: (any Sendable)?
@@ -89,14 +89,14 @@ public final class Incarnation: Sendable {
         let now = ContinuousClock.now
         let until = UptimeClock.uptimeMilliseconds() + Int64(duration / .milliseconds(1))
         guard LivenessLocks.store(LivenessLocks.Beat(boot: boot, until: until), in: beatDescriptor) else { return }
-        lastBeat.withLock { $0 = max($0 ?? now, now) }
+        beatHolds.withLock { $0 = max($0 ?? now + duration, now + duration) }
     }
 
     /// Until when (by this process's monotonic clock, less `margin`) the heartbeat keeps other
     /// engines from taking this incarnation's runs whose leases expired, because it says that
     /// the incarnation waits for the file's write lock; `nil` when no heartbeat was written.
     package func heartbeatHolds(lessMargin margin: Duration) -> ContinuousClock.Instant? {
-        lastBeat.withLock { $0 }.map { $0 + LivenessLocks.beatLasts - margin }
+        beatHolds.withLock { $0 }.map { $0 - margin }
     }
 
     /// The label part of an owner value written by ``id`` (the whole value for an older owner).
