@@ -194,6 +194,62 @@ import Testing
         }
     }
 
+    /// An engine takes over a run whose owner froze, and its claim waits for the file's write
+    /// lock, which another process holds for longer than a lease. The claim's lease counts from
+    /// when it was asked for, and may be all but over when the claim is answered: the engine must
+    /// renew it at once, before its heartbeat (written while it waited) stops shielding the run.
+    /// Before, with `--stop-on-lapse`, a renewal that waited beside the claim and read the runs to
+    /// renew before the claim was answered was followed only a third of a lease later, and the
+    /// new owner stopped its step a second after the hold and entered it again: 3 runs of 3.
+    ///
+    /// A 6 s lease, and a 30 s busy timeout so that the claim waits through the hold: the
+    /// engine's looks for expired leases come every 2 s, so its claim is asked within 2.2 s of
+    /// A's lease's end, and the hold lasts until 8 s after it; the claim waits more than the 5.4 s
+    /// the engine takes a lease as kept, and its heartbeat shields the run for about a second
+    /// after the hold, a second before the next renewal was due.
+    @Test func aRunClaimedWhileAnotherProcessHeldTheWriteLockPastItsLeaseIsRenewedBeforeItLapses() async throws {
+        let folder = try TemporaryDirectory()
+        let arguments = [
+            "--db", folder.database, "--files", folder.database, "--external", "--engine-id", "twin", "--lease", "6",
+            "--busy-timeout", "30", "--stop-on-lapse",
+        ]
+        let owner = try ChildProcess(
+            "hop-test-daemon", arguments, environment: ["HOP_TEST_SLOW_SPLASH": "1"], directory: folder)
+        defer {
+            owner.kill(SIGCONT)
+            owner.kill()
+        }
+        try await owner.waitForOutput("point after:hop:splash")
+        let other = try ChildProcess(
+            "hop-test-daemon", arguments, environment: ["HOP_TEST_SLOW_SPLASH": "1"], directory: folder)
+        defer { other.kill() }
+        try await other.waitForOutput("ready")
+        let store = try await TestBackend.sqlite.open(folder)
+        try await HopStoreTestSupport.freeze(owner, betweenCommitsOn: folder.database)
+        let frozen = try #require(try await store.run(id: 1), "A holds the run: \(owner.stdout)")
+        let expiry = try #require(frozen.leaseExpiresAt, "A holds the run: \(owner.stdout)")
+        #expect(!other.stdout.contains("executing run 1"), "B took the run before the hold: \(other.stdout)")
+        try #require(expiry.timeIntervalSinceNow > 0.5, "the hold begins before A's lease ends")
+
+        let released = try await holdingTheWriteLock(of: folder.database) {
+            // How long the lock is held (past A's lease's end, by more than B's), not a wait for an outcome.
+            try await Task.sleep(for: .seconds(expiry.addingTimeInterval(8).timeIntervalSinceNow))
+            return Date()
+        }
+        // B's renewals after the hold: the second is asked at least a third of a lease after the
+        // first, past the end of the shield of its heartbeat, when a lapsed lease was stopped.
+        try await waitUntil("B renewed its lease on the run past the end of its heartbeat", timeout: .seconds(30)) {
+            (try await store.run(id: 1)?.leaseExpiresAt ?? .distantPast) > released.addingTimeInterval(7.5)
+        }
+        let history = try await store.history(runID: 1)
+        #expect(history.map(\.kind) == [.hop, .takeover], "\(history)")
+        #expect(
+            bodyLines(in: folder) == ["1 splash", "1 splash"], "A's splash, then B's, once\nB: \(other.stdout)")
+        #expect(
+            other.stdout.components(separatedBy: "executing run 1 ").count == 2,
+            "B executed the run once: \(other.stdout)")
+    }
+
     /// A step's unhop is held in memory until the run's next record (or a few milliseconds),
     /// so an owner can be frozen after its step unhopped and before the unhop is durable. The
     /// run goes to the engine that takes it over, which enters the step again (at least once),

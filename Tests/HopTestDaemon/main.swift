@@ -43,6 +43,8 @@ import Synchronization
 //                every 100 ms (Configuration.retention)
 //   --stop-on-lapse  stops executing a run whose lease it could not renew in time
 //                (Configuration.lapsedLeases = .stopExecuting)
+//   --busy-timeout S  (a file) how long a write waits for the write lock another process holds
+//                (HopStore.Options.busyTimeout, 5 s by default)
 // Environment:
 //   HOP_TEST_KILL_AT=<point>   SIGKILL this process at the point, e.g. "before:hop:splash", "after:unhop:login"
 //   HOP_TEST_STOP_AT=<point>   SIGSTOP this process the first time it reaches the point (the test sends SIGCONT)
@@ -79,6 +81,7 @@ struct Options {
     var patch = false
     var retention: Double?
     var stopOnLapse = false
+    var busyTimeout: Double?
     var fleet = false
     var graceful = false
     var flow = "startup"
@@ -108,6 +111,7 @@ struct Options {
             case "--flow": options.flow = arguments.popFirst() ?? "startup"
             case "--retention": options.retention = Double(arguments.popFirst() ?? "")
             case "--stop-on-lapse": options.stopOnLapse = true
+            case "--busy-timeout": options.busyTimeout = Double(arguments.popFirst() ?? "")
             default:
                 FileHandle.standardError.write(Data("unknown argument \(argument)\n".utf8))
                 exit(64)
@@ -205,7 +209,14 @@ let observer: @Sendable (EngineEvent) -> Void = { event in
 var logger = Logger(label: "hop-test-daemon")
 logger.logLevel = .error
 do {
-    let database = try await HopDatabase.open(path)
+    let database =
+        if let busyTimeout = options.busyTimeout {
+            try await HopStore.open(
+                path: path, options: HopStore.Options(busyTimeout: .milliseconds(Int64(busyTimeout * 1000)))
+            ).database
+        } else {
+            try await HopDatabase.open(path)
+        }
     let store = database.storage
     var configuration = HopEngine.Configuration(
         pollInterval: .milliseconds(20), leaseDuration: .milliseconds(Int64(options.lease * 1000)),

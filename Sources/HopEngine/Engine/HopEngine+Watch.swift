@@ -221,6 +221,13 @@ extension HopEngine: Service {
     /// that waited for a lock held past its lease kept its runs only by its heartbeat meanwhile,
     /// and once that heartbeat went stale, with `.stopExecuting`, it stopped their steps and ran
     /// them again (and any other engine could take them over).
+    ///
+    /// A run claimed while a renewal waited (the claim waited too) is held once the claim is
+    /// answered, often after that renewal read the runs to renew, and its lease counts from when
+    /// the claim was asked for. The next renewal then goes at once
+    /// (``ExecutionEnvironment/hold(_:leasedAt:)``): before, it went a third of a lease later, and
+    /// a claim that waited longer than its lease less that third had its step stopped, with
+    /// `.stopExecuting`, once the engine's heartbeat no longer shielded it.
     private func renewLeases() async {
         var failures = RepeatedFailures()
         let interval = configuration.leaseDuration / 3
@@ -228,10 +235,11 @@ extension HopEngine: Service {
         while !Task.isCancelled {
             var asked = next
             do {
-                try await Task.sleep(until: next, clock: .continuous)
+                // Woken early by a claim answered after a renewal that left its run out.
+                try await environment.renewalWakeup.wait(until: next)
                 // Asked for now: each lease renewed ends no sooner than a lease from now.
                 asked = ContinuousClock.now
-                let runIDs = environment.holdings.withLock { $0.renewable }
+                let runIDs = environment.holdings.withLock { $0.renewing(at: asked) }
                 let renewed = try await storage.renewLeases(owner: id, runIDs: runIDs, until: environment.leaseEnd)
                 // Only a loop that stops runs whose leases lapse reads when they were renewed.
                 if configuration.lapsedLeases == .stopExecuting {

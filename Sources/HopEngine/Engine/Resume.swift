@@ -97,7 +97,7 @@ extension ExecutionEnvironment {
             }
             leasedAt = again
         }
-        holdings.withLock { $0.held[run.id] = leasedAt }
+        hold(run.id, leasedAt: leasedAt)
         return try await storage.history(runID: run.id)
     }
 

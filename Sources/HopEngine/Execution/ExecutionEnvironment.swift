@@ -18,6 +18,8 @@ final class ExecutionEnvironment: Sendable {
     let registry = Mutex(Registry())
     /// Which runs this engine holds, and which it found it lost.
     let holdings = Mutex(Holdings())
+    /// Ends the wait of the engine's lease renewals early (``hold(_:leasedAt:)``).
+    let renewalWakeup = Wakeup()
     /// The runs whose executor holds the unhop of a step that returned.
     let heldUnhops: HeldUnhops
 
@@ -32,6 +34,15 @@ final class ExecutionEnvironment: Sendable {
         self.tracer = configuration.tracer ?? InstrumentationSystem.tracer
         self.logger = logger
         heldUnhops = HeldUnhops(limit: configuration.heldUnhopLimit)
+    }
+
+    /// Holds run `runID`, whose lease this engine asked for at `leasedAt`. When a renewal asked
+    /// for meanwhile left it out (the claim waited: for SQLite's write lock another process held,
+    /// or a row another client locked), the next renewal goes at once: the lease, taken when it
+    /// was asked for, may be all but over, and the next renewal was due only a third of a lease
+    /// after the one that left it out.
+    func hold(_ runID: Int64, leasedAt: ContinuousClock.Instant) {
+        if holdings.withLock({ $0.hold(runID, leasedAt: leasedAt) }) { renewalWakeup.wake() }
     }
 
     /// The owner value this engine writes with.

@@ -13,6 +13,8 @@ struct Holdings: Sendable {
     /// Runs that a caller waits to see settle (``HopEngine/settled(runID:)``): their execution
     /// reads the run as it ended, where it ran, for the engine to hand over.
     var awaited: Set<Int64> = []
+    /// When the last lease renewal was asked for: it renews the runs held then, and no other.
+    var renewalAsked: ContinuousClock.Instant?
     /// This engine let a run go that it could not execute because the database failed: the
     /// watch looks for runs to resume at its next poll, not a third of a lease later.
     var letGoAfterAFailure = false
@@ -29,6 +31,20 @@ struct Holdings: Sendable {
 
     /// The held runs whose leases a renewal renews: those not lost.
     var renewable: [Int64] { lost.isEmpty ? Array(held.keys) : held.keys.filter { !lost.contains($0) } }
+
+    /// The runs a renewal asked for at `instant` renews (``renewable``).
+    mutating func renewing(at instant: ContinuousClock.Instant) -> [Int64] {
+        renewalAsked = instant
+        return renewable
+    }
+
+    /// Holds run `runID`, whose lease this engine asked for at `leasedAt`. Returns whether a
+    /// renewal asked for since then left it out (the claim was answered after it): the run's
+    /// lease must then be renewed at once, not a third of a lease after that renewal.
+    mutating func hold(_ runID: Int64, leasedAt: ContinuousClock.Instant) -> Bool {
+        held[runID] = leasedAt
+        return renewalAsked.map { $0 > leasedAt } ?? false
+    }
 
     /// Records that the leases of `runIDs` were renewed by a renewal asked for at `instant`.
     mutating func renewed(_ runIDs: some Sequence<Int64>, at instant: ContinuousClock.Instant) {

@@ -100,7 +100,7 @@ final class RunExecutor: FlowExecution {
     private func open(_ span: any Span) async throws -> Bool {
         let history: [HistoryEntry]
         if let claimed, let taken = claimed.take() {
-            environment.holdings.withLock { $0.held[run.id] = claimed.leasedAt }
+            environment.hold(run.id, leasedAt: claimed.leasedAt)
             history = taken
         } else {
             guard let read = try await environment.claim(run) else { return false }
