@@ -172,4 +172,59 @@ import Testing
         _ = try? await secondService.value
         await again.close()
     }
+
+    /// A daemon killed while one of its statements waits for a row another client holds leaves
+    /// that statement's server session behind: the server sees its connection closed only when
+    /// it answers, and until the row is let go the session takes a connection slot (a daemon
+    /// restarted in a loop beside a forgotten `psql` session takes one more at each start). The
+    /// README tells operators of PostgreSQL 14 and later to set `client_connection_check_interval`
+    /// for the engines' role, and the server then ends such a session soon after its client is
+    /// gone. Set here for the test's database only (1 s); without it, the session waits on as
+    /// long as the row is held (red when the setting is left out).
+    @Test(.enabled(if: PostgresProcessTests.available))
+    func aSessionAKilledDaemonLeftWaitingForALockedRowEndsWithTheConnectionCheckTheReadmeAdvises() async throws {
+        let folder = try TemporaryDirectory()
+        let url = try await TestBackend.postgres.location(folder)
+        let store = try await TestBackend.postgres.open(folder)
+        // Before the daemon connects: a role's settings apply to the sessions that start later.
+        _ = try await TestDatabases.shared.psql(
+            """
+            DO $$ BEGIN
+              EXECUTE format('ALTER ROLE %I IN DATABASE %I SET client_connection_check_interval = %L',
+                current_user, current_database(), '1s');
+            END $$
+            """, in: folder)
+        // Two of six runs in the step "work", which runs until the daemon is killed.
+        let daemon = try ChildProcess(
+            "hop-test-daemon", ["--db", url, "--files", folder.database, "--mixed", "6", "--lease", "3"],
+            keepInputOpen: true, directory: folder)
+        defer { daemon.kill() }
+        try await daemon.waitForOutput("started 6")
+        let working = try await store.runs(flow: "mixed", subject: nil, limit: 10)
+            .filter { $0.status == .running && $0.currentStep == "work" }.map(\.id).sorted()
+        let locked = try #require(working.first, "\(daemon.stdout)")
+
+        let holder = try await PostgresConnectionLossTests.connect(url)
+        // Closed whatever happens: a connection left open when a failing test throws ends the
+        // whole test process (PostgresNIO asserts that each connection is closed).
+        defer { Task { try? await holder.close() } }
+        let quiet = PostgresConnectionLossTests.quiet
+        _ = try await holder.query("BEGIN", logger: quiet).collect()
+        _ = try await holder.query("SELECT id FROM runs WHERE id = \(locked) FOR UPDATE", logger: quiet).collect()
+        @Sendable func waiting() async throws -> Int {
+            let count = try await TestDatabases.shared.psql(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                in: folder)
+            return Int(count.trimmingCharacters(in: .whitespacesAndNewlines)) ?? -1
+        }
+        // The daemon's next renewal skips the row, and leaves a statement waiting for it.
+        try await waitUntil("a statement of the daemon waits for the locked row") { try await waiting() >= 1 }
+        daemon.kill()
+        _ = try await daemon.waitForExit()
+        try await waitUntil("the sessions the killed daemon left waiting for the row have ended", timeout: .seconds(30)) {
+            try await waiting() == 0
+        }
+        _ = try await holder.query("ROLLBACK", logger: quiet).collect()
+        try await holder.close()
+    }
 }
