@@ -221,7 +221,8 @@ import Testing
         try await waitUntil("a statement of the daemon waits for the locked row") { try await waiting() >= 1 }
         daemon.kill()
         _ = try await daemon.waitForExit()
-        try await waitUntil("the sessions the killed daemon left waiting for the row have ended", timeout: .seconds(30)) {
+        try await waitUntil("the sessions the killed daemon left waiting for the row have ended", timeout: .seconds(30))
+        {
             try await waiting() == 0
         }
         _ = try await holder.query("ROLLBACK", logger: quiet).collect()
