@@ -224,10 +224,11 @@ extension HopEngine: Service {
     ///
     /// A run claimed while a renewal waited (the claim waited too) is held once the claim is
     /// answered, often after that renewal read the runs to renew, and its lease counts from when
-    /// the claim was asked for. The next renewal then goes at once
-    /// (``ExecutionEnvironment/hold(_:leasedAt:)``): before, it went a third of a lease later, and
-    /// a claim that waited longer than its lease less that third had its step stopped, with
-    /// `.stopExecuting`, once the engine's heartbeat no longer shielded it.
+    /// the claim was asked for. When that renewal was asked for more than a third of a lease
+    /// after the claim, the next one goes at once (``ExecutionEnvironment/hold(_:leasedAt:)``):
+    /// before, it went a third of a lease later, and a claim that waited longer than its lease
+    /// less that third had its step stopped, with `.stopExecuting`, once the engine's heartbeat no
+    /// longer shielded it.
     private func renewLeases() async {
         var failures = RepeatedFailures()
         let interval = configuration.leaseDuration / 3

@@ -37,12 +37,15 @@ final class ExecutionEnvironment: Sendable {
     }
 
     /// Holds run `runID`, whose lease this engine asked for at `leasedAt`. When a renewal asked
-    /// for meanwhile left it out (the claim waited: for SQLite's write lock another process held,
-    /// or a row another client locked), the next renewal goes at once: the lease, taken when it
-    /// was asked for, may be all but over, and the next renewal was due only a third of a lease
-    /// after the one that left it out.
+    /// for more than a third of a lease later left it out (the claim waited: for SQLite's write
+    /// lock another process held, or a row another client locked), the next renewal goes at
+    /// once: the lease, taken when it was asked for, may be all but over, and the next renewal
+    /// was due only a third of a lease after the one that left it out.
     func hold(_ runID: Int64, leasedAt: ContinuousClock.Instant) {
-        if holdings.withLock({ $0.hold(runID, leasedAt: leasedAt) }) { renewalWakeup.wake() }
+        let late = holdings.withLock {
+            $0.hold(runID, leasedAt: leasedAt, renewedEvery: configuration.leaseDuration / 3)
+        }
+        if late { renewalWakeup.wake() }
     }
 
     /// The owner value this engine writes with.

@@ -39,11 +39,15 @@ struct Holdings: Sendable {
     }
 
     /// Holds run `runID`, whose lease this engine asked for at `leasedAt`. Returns whether a
-    /// renewal asked for since then left it out (the claim was answered after it): the run's
-    /// lease must then be renewed at once, not a third of a lease after that renewal.
-    mutating func hold(_ runID: Int64, leasedAt: ContinuousClock.Instant) -> Bool {
+    /// renewal asked for more than `interval` (a third of a lease) after it left it out (the
+    /// claim was answered after that renewal read the runs to renew): the next renewal, due
+    /// `interval` after that one, might then come after the lease is taken as lapsed, and must
+    /// go at once. A claim answered after a renewal asked for sooner (a resume's, in the
+    /// milliseconds its batch takes) is renewed with the others, in time.
+    mutating func hold(_ runID: Int64, leasedAt: ContinuousClock.Instant, renewedEvery interval: Duration) -> Bool {
         held[runID] = leasedAt
-        return renewalAsked.map { $0 > leasedAt } ?? false
+        guard let renewalAsked else { return false }
+        return renewalAsked - leasedAt > interval
     }
 
     /// Records that the leases of `runIDs` were renewed by a renewal asked for at `instant`.
