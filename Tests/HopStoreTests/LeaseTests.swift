@@ -325,6 +325,67 @@ import Testing
         #expect(FileManager.default.fileExists(atPath: folder.database + "-engines/" + other.id.suffix(16) + ".beat"))
     }
 
+    /// A lease taken or renewed by a write that waited for the write lock (another process held
+    /// it: an operator's `sqlite3` session, a `VACUUM`) lasts as long as asked from when the
+    /// write runs, as a server's does. Before, it ended when asked, counted from the call: a
+    /// write that waited longer than the lease stored one already over, and only the owner's
+    /// heartbeat, for the 2 s it lasts, and its next renewal kept the run from being taken.
+    ///
+    /// A first claim waits for the lock (its heartbeat says so); the other writes are asked for
+    /// while it waits, and so while the store's connection is busy with it. Each asks for 10 s
+    /// while the lock is held for 4 s more: once written, each lease must end at least 12 s after
+    /// the writes were asked for (2 s for the tasks to start); before, 10 s.
+    @Test func aLeaseWrittenAfterAWaitForTheWriteLockLastsAsLongAsAskedFromTheWrite() async throws {
+        let folder = try TemporaryDirectory()
+        let store = try await HopStore.open(path: folder.database, options: HopStore.Options(busyTimeout: .seconds(60)))
+        let owner = store.makeIncarnation(label: "me")
+        var ids: [String: Int64] = [:]
+        for subject in ["first", "claimed", "batch", "renewed"] {
+            ids[subject] = try await store.startRun(flow: "startup", subject: subject, version: "1").run.id
+        }
+        let first = try #require(ids["first"])
+        let claimed = try #require(ids["claimed"])
+        let batch = try #require(ids["batch"])
+        let renewed = try #require(ids["renewed"])
+        #expect(try await store.claim(runID: renewed, owner: owner.id, until: Date().addingTimeInterval(60)) != nil)
+
+        let asked = Date()
+        let until = asked.addingTimeInterval(10)
+        let writes = try await holdingTheWriteLock(of: folder.database) {
+            let waiting = Task { _ = try await store.claim(runID: first, owner: owner.id, until: until) }
+            try await waitUntil("the first claim waits for the lock") {
+                LivenessLocks(databasePath: folder.database).waits(owner.id)
+            }
+            let writes: [Task<Void, any Error>] = [
+                waiting,
+                Task { _ = try await store.claim(runID: claimed, owner: owner.id, until: until) },
+                Task { _ = try await store.claim(runIDs: [batch], owner: owner.id, until: until) },
+                Task { _ = try await store.renewLeases(owner: owner.id, runIDs: [renewed], until: until) },
+                Task {
+                    _ = try await store.startRun(
+                        flow: "startup", subject: "started", version: "1", owner: owner.id, until: until)
+                },
+            ]
+            // How long the lock is held, not a wait for an outcome.
+            try await Task.sleep(for: .seconds(4))
+            return writes
+        }
+        for write in writes { try await write.value }
+        let started = try #require(try await store.latestRun(flow: "startup", subject: "started"))
+        let written = [
+            ("first claim", first), ("claim", claimed), ("bulk claim", batch), ("renewal", renewed),
+            ("start", started.id),
+        ]
+        for (name, id) in written {
+            let run = try #require(try await store.run(id: id))
+            #expect(run.owner == owner.id, "\(name)")
+            let end = try #require(run.leaseExpiresAt, "\(name)")
+            #expect(
+                end.timeIntervalSince(asked) >= 12,
+                "\(name): the lease ends \(end.timeIntervalSince(asked)) s after it was asked for")
+        }
+    }
+
     /// Writes `beat` as the heartbeat of the incarnation `owner` of the database in `folder`.
     static func overwrite(beat: LivenessLocks.Beat, of owner: String, in folder: TemporaryDirectory) throws {
         let descriptor = open(folder.database + "-engines/" + owner.suffix(16) + ".beat", O_RDWR)

@@ -19,11 +19,17 @@ extension HopStore {
     /// Takes run `runID` for the incarnation `owner` until `until`, unless another incarnation
     /// holds a live lease on it. Returns the run when taken, `nil` when it is held elsewhere or
     /// finished. When the run changes hands, a `takeover` entry records it in the run's history.
-    package func claim(runID: Int64, owner: String, until: Date) async throws -> RunRecord? {
+    package nonisolated func claim(runID: Int64, owner: String, until: Date) async throws -> RunRecord? {
+        try await claim(runID: runID, owner: owner, lease: LeaseLength(until: until))
+    }
+
+    private func claim(runID: Int64, owner: String, lease length: LeaseLength) async throws -> RunRecord? {
         let operation = "claim run \(runID)"
         let claimed = try await transaction(operation) { tx in
-            try tx.claim(selection: "id = ?1", [.integer(runID)], owner: owner, until: until, operation: operation)
-                .first
+            try tx.claim(
+                selection: "id = ?1", [.integer(runID)], owner: owner, until: length.endFromNow, operation: operation
+            )
+            .first
         }
         if claimed != nil { forgetLostRuns([runID]) }
         return claimed
@@ -31,13 +37,17 @@ extension HopStore {
 
     /// Takes every run of `runIDs` that no other incarnation holds for `owner` until `until`, in
     /// one transaction; returns the runs taken, as stored (a resuming engine claims its runs so).
-    package func claim(runIDs: [Int64], owner: String, until: Date) async throws -> [RunRecord] {
+    package nonisolated func claim(runIDs: [Int64], owner: String, until: Date) async throws -> [RunRecord] {
         guard !runIDs.isEmpty else { return [] }
+        return try await claim(runIDs: runIDs, owner: owner, lease: LeaseLength(until: until))
+    }
+
+    private func claim(runIDs: [Int64], owner: String, lease length: LeaseLength) async throws -> [RunRecord] {
         let operation = "claim \(runIDs.count) runs"
         let claimed = try await transaction(operation) { tx in
             try tx.claim(
                 selection: "id IN (SELECT value FROM json_each(?1))", [.text(Self.jsonList(runIDs))], owner: owner,
-                until: until,
+                until: length.endFromNow,
                 operation: operation)
         }
         forgetLostRuns(claimed.map(\.id))
@@ -48,12 +58,16 @@ extension HopStore {
     /// statement; returns the runs whose lease was extended. A run missing from the result is
     /// no longer the owner's: it finished, parked, or another incarnation took it over.
     @discardableResult
-    package func renewLeases(owner: String, runIDs: [Int64], until: Date) async throws -> Set<Int64> {
+    package nonisolated func renewLeases(owner: String, runIDs: [Int64], until: Date) async throws -> Set<Int64> {
         guard !runIDs.isEmpty else { return [] }
+        return try await renewLeases(owner: owner, runIDs: runIDs, lease: LeaseLength(until: until))
+    }
+
+    private func renewLeases(owner: String, runIDs: [Int64], lease length: LeaseLength) async throws -> Set<Int64> {
         let operation = "renew leases"
-        let lease = UptimeClock.machine.lease(until: until)
         return try await transaction(operation) { tx in
-            Set(
+            let lease = UptimeClock.machine.lease(until: length.endFromNow)
+            return Set(
                 try tx.query(
                     """
                     UPDATE runs SET lease_expires_at = ?3, lease_boot = ?4
@@ -210,6 +224,22 @@ extension HopStore {
     static func jsonList(_ texts: [String]) -> String {
         String(decoding: (try? JSONEncoder().encode(texts)) ?? Data("[]".utf8), as: UTF8.self)
     }
+}
+
+/// A lease asked for until `until` (by ``HopStore/now()``), measured from when the write that
+/// takes or renews it runs: a write that waited for the file's write lock (another process held
+/// it) holds its runs for as long as asked from its commit, as a server's lease does (there, the
+/// length is added to the server's time as the statement runs). Measured from when it was asked
+/// for, a lease written after a wait longer than itself was over when written: only the owner's
+/// heartbeat and its next renewal kept the run. Taken as the store is called, before the call
+/// waits for the store's connection, which a write waiting for the lock keeps busy.
+struct LeaseLength: Sendable {
+    let seconds: TimeInterval
+
+    init(until: Date) { seconds = until.timeIntervalSinceNow }
+
+    /// The lease's end for a write that runs now.
+    var endFromNow: Date { Date().addingTimeInterval(seconds) }
 }
 
 extension WriteTransaction {

@@ -13,9 +13,18 @@ extension HopStore {
     ///   - owner: the engine that executes the new run, holding it until `until`; `nil` leaves
     ///     it for any engine to claim.
     ///   - durability: when the new run must be durable.
-    package func startRun(
+    package nonisolated func startRun(
         flow: String, subject: String, version: String, owner: String? = nil, until: Date? = nil,
         durability: WriteDurability = .now
+    ) async throws -> (run: RunRecord, created: Bool) {
+        try await startRun(
+            flow: flow, subject: subject, version: version, owner: owner, lease: until.map(LeaseLength.init(until:)),
+            durability: durability)
+    }
+
+    private func startRun(
+        flow: String, subject: String, version: String, owner: String?, lease length: LeaseLength?,
+        durability: WriteDurability
     ) async throws -> (run: RunRecord, created: Bool) {
         try validate(flow, as: "flow name")
         try validate(subject, as: "subject")
@@ -26,7 +35,8 @@ extension HopStore {
                 return (existing, false)
             }
             let run = try tx.insertRun(
-                flow: flow, subject: subject, version: version, owner: owner, until: until, operation: operation)
+                flow: flow, subject: subject, version: version, owner: owner, until: length?.endFromNow,
+                operation: operation)
             return (run, true)
         }
         if started.created, durability == .coalesced { holdsWrites(of: started.run.id) }

@@ -141,10 +141,12 @@ package protocol HopStorage: Sendable {
 
     // MARK: Ownership
     //
-    // A lease ends at `until` by ``now()``; neither backend stores that time as such. A file
-    // measures the lease (from now to `until`) by the machine's uptime clock (`UptimeClock`), which
-    // a step of the wall clock does not move; a server shared by a fleet by its own clock (the
-    // length added to the server's time in SQL), whatever the engines' machines say.
+    // A lease ends at `until` by ``now()``; neither backend stores that time as such. Both take
+    // its length (from now to `until`) and count it from when the write runs, so that a write that
+    // waited (for a file's write lock another process held) still holds the run for as long as
+    // asked. A file measures it by the machine's uptime clock (`UptimeClock`), which a step of the
+    // wall clock does not move; a server shared by a fleet by its own clock (the length added to
+    // the server's time in SQL), whatever the engines' machines say.
 
     /// Takes the run for `owner` until `until` unless another incarnation holds a live lease on it.
     func claim(runID: Int64, owner: String, until: Date) async throws -> RunRecord?
