@@ -71,10 +71,11 @@ extension PostgresStore: HopStorage {
         try validate(flow, as: "flow name")
         try validate(subject, as: "subject")
         try validate(version, as: "flow version")
+        let lease = until.map(leaseLength(until:))  // before any wait (see `leaseLength(until:)`)
         try await ensureLiveness(of: owner)
         return try await transaction("start run of \(flow) for \(subject)") { tx in
             if let existing = try await tx.unfinishedRun(flow: flow, subject: subject) { return (existing, false) }
-            let run = try await tx.insertRun(flow: flow, subject: subject, version: version, owner: owner, until: until)
+            let run = try await tx.insertRun(flow: flow, subject: subject, version: version, owner: owner, lease: lease)
             if owner == nil { try await tx.notifyChange() }
             return (run, true)
         }
@@ -429,20 +430,22 @@ extension PostgresStore: HopStorage {
     // MARK: Ownership
 
     package func claim(runID: Int64, owner: String, until: Date) async throws -> RunRecord? {
+        let lease = leaseLength(until: until)  // before any wait (see `leaseLength(until:)`)
         try await ensureLiveness(of: owner)
         // Waits for a row another transaction is writing (an unhop): the run is then claimed as it stands after it.
         return try await transaction("claim run \(runID)") { tx in
-            try await tx.claim("id = $1", .int(runID), owner: owner, until: until, skipLocked: false).first
+            try await tx.claim("id = $1", .int(runID), owner: owner, lease: lease, skipLocked: false).first
         }
     }
 
     package func claim(runIDs: [Int64], owner: String, until: Date) async throws -> [RunRecord] {
         guard !runIDs.isEmpty else { return [] }
+        let lease = leaseLength(until: until)  // before any wait (see `leaseLength(until:)`)
         try await ensureLiveness(of: owner)
         // Rows another engine is claiming are skipped, not waited for: N engines resuming at once
         // each take different runs.
         return try await transaction("claim \(runIDs.count) runs") { tx in
-            try await tx.claim("id = ANY($1)", .ints(runIDs), owner: owner, until: until, skipLocked: true)
+            try await tx.claim("id = ANY($1)", .ints(runIDs), owner: owner, lease: lease, skipLocked: true)
         }
     }
 
@@ -467,7 +470,10 @@ extension PostgresStore: HopStorage {
     @discardableResult
     package func renewLeases(owner: String, runIDs: [Int64], until: Date) async throws -> Set<Int64> {
         guard !runIDs.isEmpty else { return [] }
-        let renewed = try await renewLeases(owner: owner, runIDs: runIDs, until: until, skipLocked: true)
+        // Once, before any wait: a skipped run's statement, whenever it runs, renews its lease for
+        // as long as asked (see `leaseLength(until:)`).
+        let lease = leaseLength(until: until)
+        let renewed = try await renewLeases(owner: owner, runIDs: runIDs, lease: lease, skipLocked: true)
         let skipped = runIDs.filter { !renewed.contains($0) }
         if !skipped.isEmpty, renewalsWaiting.withLock({ $0.insert(owner).inserted }) {
             Task {
@@ -475,17 +481,18 @@ extension PostgresStore: HopStorage {
                 // A run skipped because it is no longer the owner's is not waited for (its row no
                 // longer matches); a failure is left to the next renewal, which tries again.
                 for runID in skipped.sorted() {
-                    _ = try? await renewLeases(owner: owner, runIDs: [runID], until: until, skipLocked: false)
+                    _ = try? await renewLeases(owner: owner, runIDs: [runID], lease: lease, skipLocked: false)
                 }
             }
         }
         return renewed
     }
 
-    /// Renews `owner`'s leases of `runIDs`, skipping the rows another transaction holds
-    /// (`skipLocked`) or waiting for them; returns the runs renewed.
+    /// Renews `owner`'s leases of `runIDs` for `lease` milliseconds from when the statement runs,
+    /// skipping the rows another transaction holds (`skipLocked`) or waiting for them; returns
+    /// the runs renewed.
     private func renewLeases(
-        owner: String, runIDs: [Int64], until: Date, skipLocked: Bool
+        owner: String, runIDs: [Int64], lease: Int64, skipLocked: Bool
     ) async throws -> Set<Int64> {
         let operation = "renew leases"
         let sql = """
@@ -496,7 +503,7 @@ extension PostgresStore: HopStorage {
             )
             RETURNING id
             """
-        let values: [PostgresValue] = [.ints(runIDs), .text(owner), .int(leaseLength(until: until))]
+        let values: [PostgresValue] = [.ints(runIDs), .text(owner), .int(lease)]
         // The wait for locked rows goes through the pool: it must not hold the liveness lock's
         // connection, on which the next renewals go.
         guard skipLocked, let lock = locks.withLock({ $0[owner]?.lock }) else {
@@ -841,10 +848,10 @@ extension PostgresTransaction {
     }
 
     /// Claims the running runs `selection` (over `$1`) picks that nobody else holds: no owner,
-    /// the claimer itself, or a lease that ran out (``PostgresStore/leaseRunOut(grace:)``).
-    /// Records a takeover where one changes hands.
+    /// the claimer itself, or a lease that ran out (``PostgresStore/leaseRunOut(grace:)``), for
+    /// `lease` milliseconds from when the statement runs. Records a takeover where one changes hands.
     func claim(
-        _ selection: String, _ selected: PostgresValue, owner: String, until: Date, skipLocked: Bool
+        _ selection: String, _ selected: PostgresValue, owner: String, lease: Int64, skipLocked: Bool
     ) async throws -> [RunRecord] {
         let claimed = try await query(
             """
@@ -858,7 +865,7 @@ extension PostgresTransaction {
             FROM free WHERE runs.id = free.id
             RETURNING \(RunRecord.pgQualifiedColumns), free.last_owner
             """,
-            [selected, .text(owner), .int(store.leaseLength(until: until)), .int(PostgresStore.graceAfterServerStart)]
+            [selected, .text(owner), .int(lease), .int(PostgresStore.graceAfterServerStart)]
         ) { (try RunRecord(pg: $0), try $0.optionalText(13)) }
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]

@@ -114,7 +114,12 @@ public final class PostgresStore: Sendable {
     static let serverNow = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 
     /// How long a lease that ends at `until` (by ``now()``) lasts from now, in milliseconds: the
-    /// length the server adds to its own clock (``serverNow``).
+    /// length the server adds to its own clock (``serverNow``) when the statement that takes or
+    /// renews the lease runs. Taken as the store is called, before the call waits for anything
+    /// (the pool's connection, the owner's liveness lock, a row another client holds): taken
+    /// after a wait, it was that much shorter, and one taken after a wait longer than the lease
+    /// (a skipped run's renewal, behind another's that waited for its row) renewed a lease
+    /// already over.
     func leaseLength(until: Date) -> Int64 { Clock.milliseconds(until) - Clock.milliseconds(now()) }
 
     /// The server's clock as this process last measured it (``ServerClock``): the time by which

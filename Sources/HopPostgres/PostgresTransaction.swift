@@ -209,9 +209,10 @@ struct PostgresTransaction: Sendable {
             hint: "Check the names with `hopctl status`")
     }
 
-    /// Inserts a new running run; the unique index refuses a second unfinished run of the subject.
+    /// Inserts a new running run, held by `owner` for `lease` milliseconds from when the statement
+    /// runs; the unique index refuses a second unfinished run of the subject.
     func insertRun(
-        flow: String, subject: String, version: String, owner: String? = nil, until: Date? = nil
+        flow: String, subject: String, version: String, owner: String? = nil, lease: Int64? = nil
     ) async throws -> RunRecord {
         let now = Clock.milliseconds(store.now())
         guard
@@ -223,7 +224,7 @@ struct PostgresTransaction: Sendable {
                 """,
                 [
                     .text(flow), .text(subject), .text(version), .int(now), .optional(owner),
-                    .optional(until.map(store.leaseLength(until:))),
+                    .optional(lease),
                 ], RunRecord.init(pg:))
         else {
             throw refuse(.postgres, operation, "the run was not inserted")

@@ -92,6 +92,67 @@ import Testing
         _ = try await other.waitForExit()
     }
 
+    /// An operator's transaction locks the rows of both runs a daemon executes, for longer than
+    /// a lease. The daemon's renewals skip both rows, and a statement of its own waits for each
+    /// in turn; once both are let go at once, each lease must be renewed for a whole lease from
+    /// then. Before, the second statement took its lease's length when the first one's wait
+    /// ended, from the skipping renewal's end: with a 6 s lease and an 8 s hold, it renewed a
+    /// lease already over by 2 s, which stayed so until the daemon's next renewal, up to 2 s
+    /// later (any engine could have taken the run meanwhile).
+    @Test(.enabled(if: PostgresProcessTests.available))
+    func rowsAnotherClientHeldTogetherPastALeaseAreEachRenewedForAWholeLeaseOnceLetGo() async throws {
+        let folder = try TemporaryDirectory()
+        let url = try await TestBackend.postgres.location(folder)
+        let store = try await TestBackend.postgres.open(folder)
+        // Two of six runs in the step "work", which goes on for the whole test.
+        let owner = try ChildProcess(
+            "hop-test-daemon", ["--db", url, "--files", folder.database, "--mixed", "6", "--lease", "6"],
+            keepInputOpen: true, directory: folder)
+        defer { owner.kill() }
+        try await owner.waitForOutput("started 6")
+        let working = try await store.runs(flow: "mixed", subject: nil, limit: 10)
+            .filter { $0.status == .running && $0.currentStep == "work" }.map(\.id).sorted()
+        try #require(working.count == 2, "\(owner.stdout)")
+
+        let holder = try await PostgresConnectionLossTests.connect(url)
+        // Closed whatever happens: a connection left open when a failing test throws ends the
+        // whole test process (PostgresNIO asserts that each connection is closed).
+        defer { Task { try? await holder.close() } }
+        let quiet = PostgresConnectionLossTests.quiet
+        _ = try await holder.query("BEGIN", logger: quiet).collect()
+        _ = try await holder.query(
+            "SELECT id FROM runs WHERE id IN (\(working[0]), \(working[1])) FOR UPDATE", logger: quiet
+        ).collect()
+        // How long the rows are held (past the lease), not a wait for an outcome.
+        try await Task.sleep(for: .seconds(8))
+        // The leases as they stand before the rows are let go (a read waits for no row lock).
+        var held: [Int64: Date?] = [:]
+        for run in working { held[run] = try await store.run(id: run)?.leaseExpiresAt }
+        _ = try await holder.query("ROLLBACK", logger: quiet).collect()
+        let released = Date()
+        try await holder.close()
+        // The first lease each run is given once let go: its statement that waited for the row
+        // renews it at once (the second right after the first), before the daemon's next renewal.
+        let renewed = Mutex<[Int64: Date]>([:])
+        try await waitUntil("both leases are renewed once the rows are let go") {
+            for run in working where renewed.withLock({ $0[run] }) == nil {
+                let lease = try await store.run(id: run)?.leaseExpiresAt
+                if let lease, lease != held[run] ?? nil { renewed.withLock { $0[run] = lease } }
+            }
+            return renewed.withLock { $0.count } == working.count
+        }
+        for (run, lease) in renewed.withLock({ $0 }) {
+            #expect(
+                lease.timeIntervalSince(released) > 5,
+                "run \(run): renewed until \(lease.timeIntervalSince(released)) s after the release")
+        }
+        for run in working {
+            #expect(!(try await store.history(runID: run)).contains { $0.kind == .takeover })
+        }
+        owner.closeInput()
+        _ = try await owner.waitForExit()
+    }
+
     /// An engine stopped while another client's transaction holds the row of a run it executes
     /// (an operator's forgotten `psql` session): its renewal of that run's lease waits for the row,
     /// in a statement of its own through the pool, and so does its release of the run as it
