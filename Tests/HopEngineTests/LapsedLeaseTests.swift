@@ -101,7 +101,9 @@ import Testing
             after >= Self.lease * 0.9,
             "stopped \(after) after its lease was taken, before it lapsed")
         #expect(notes.list.withLock { $0 } == ["entered", "cancelled"])
-        #expect(try notes.metrics.expectCounter("hop_runs_lost_total", [("reason", "lease_lapsed")]).totalValue == 1)
+        // Once not 1 under the whole suite (the test took 108 s): said with what the engine logged.
+        let lapsed = try notes.metrics.expectCounter("hop_runs_lost_total", [("reason", "lease_lapsed")]).totalValue
+        #expect(lapsed == 1, "\(lapsed) lapses: \(logs.texts(atLeast: .warning))")
         #expect(
             logs.texts(atLeast: .warning).contains { $0.contains("could not renew the leases of runs") },
             "\(logs.texts(atLeast: .warning))")
