@@ -30,15 +30,8 @@ import Testing
             """, in: folder)
         // Six runs of the flow "mixed": the first and the fourth in the step "work", which runs
         // until the test releases it; the others parked or asleep, held by no engine.
-        let owner = try ChildProcess(
-            "hop-test-daemon",
-            ["--db", url, "--files", folder.database, "--mixed", "6", "--lease", "3", "--engine-id", "A"],
-            keepInputOpen: true, directory: folder)
+        let (owner, working) = try await Self.mixedDaemon(url, folder, store, ["--lease", "3", "--engine-id", "A"])
         defer { owner.kill() }
-        try await owner.waitForOutput("started 6")
-        let working = try await store.runs(flow: "mixed", subject: nil, limit: 10)
-            .filter { $0.status == .running && $0.currentStep == "work" }.map(\.id).sorted()
-        try #require(working.count == 2, "\(owner.stdout)")
         let other = try ChildProcess(
             "hop-test-daemon",
             ["--db", url, "--files", folder.database, "--fleet", "--lease", "3", "--engine-id", "B"],
@@ -105,14 +98,8 @@ import Testing
         let url = try await TestBackend.postgres.location(folder)
         let store = try await TestBackend.postgres.open(folder)
         // Two of six runs in the step "work", which goes on for the whole test.
-        let owner = try ChildProcess(
-            "hop-test-daemon", ["--db", url, "--files", folder.database, "--mixed", "6", "--lease", "6"],
-            keepInputOpen: true, directory: folder)
+        let (owner, working) = try await Self.mixedDaemon(url, folder, store, ["--lease", "6"])
         defer { owner.kill() }
-        try await owner.waitForOutput("started 6")
-        let working = try await store.runs(flow: "mixed", subject: nil, limit: 10)
-            .filter { $0.status == .running && $0.currentStep == "work" }.map(\.id).sorted()
-        try #require(working.count == 2, "\(owner.stdout)")
 
         let holder = try await PostgresConnectionLossTests.connect(url)
         // Closed whatever happens: a connection left open when a failing test throws ends the
@@ -256,14 +243,9 @@ import Testing
             END $$
             """, in: folder)
         // Two of six runs in the step "work", which runs until the daemon is killed.
-        let daemon = try ChildProcess(
-            "hop-test-daemon", ["--db", url, "--files", folder.database, "--mixed", "6", "--lease", "3"],
-            keepInputOpen: true, directory: folder)
+        let (daemon, working) = try await Self.mixedDaemon(url, folder, store, ["--lease", "3"])
         defer { daemon.kill() }
-        try await daemon.waitForOutput("started 6")
-        let working = try await store.runs(flow: "mixed", subject: nil, limit: 10)
-            .filter { $0.status == .running && $0.currentStep == "work" }.map(\.id).sorted()
-        let locked = try #require(working.first, "\(daemon.stdout)")
+        let locked = working[0]
 
         let holder = try await PostgresConnectionLossTests.connect(url)
         // Closed whatever happens: a connection left open when a failing test throws ends the
@@ -288,5 +270,23 @@ import Testing
         }
         _ = try await holder.query("ROLLBACK", logger: quiet).collect()
         try await holder.close()
+    }
+
+    /// Starts `hop-test-daemon --mixed 6` with `arguments` on the test's database at `url`, and
+    /// returns it, once its six runs are there, with the ids of the two in the step "work" (which
+    /// goes on until the test releases it, or the daemon ends), lowest first. Killed if that fails.
+    private static func mixedDaemon(
+        _ url: String, _ folder: TemporaryDirectory, _ store: any HopAdministration, _ arguments: [String]
+    ) async throws -> (ChildProcess, [Int64]) {
+        let daemon = try ChildProcess(
+            "hop-test-daemon", ["--db", url, "--files", folder.database, "--mixed", "6"] + arguments,
+            keepInputOpen: true, directory: folder)
+        return try await daemon.killedIfFails {
+            try await daemon.waitForOutput("started 6")
+            let working = try await store.runs(flow: "mixed", subject: nil, limit: 10)
+                .filter { $0.status == .running && $0.currentStep == "work" }.map(\.id).sorted()
+            try #require(working.count == 2, "\(daemon.stdout)")
+            return (daemon, working)
+        }
     }
 }
