@@ -18,15 +18,26 @@ import Testing
         let list = Mutex<[String]>([])
         let ready = Mutex(false)
         let metrics = TestMetrics()
+        /// The runs this engine counted lost because their leases lapsed, when the splash was
+        /// first entered.
+        let lapsedAtEntry = Mutex<Int64?>(nil)
+
+        /// The runs this engine counted lost because their leases lapsed.
+        func lapses() throws -> Int64 {
+            try metrics.expectCounter("hop_runs_lost_total", [("reason", "lease_lapsed")]).totalValue
+        }
     }
 
     /// The lease of the tests' engines.
     static let lease = Duration.seconds(2)
 
     /// The engine, its splash noting each entry ("entered") and each cancellation
-    /// ("cancelled"); the first entry lasts until cancelled, later ones return at once.
+    /// ("cancelled"); the first entry lasts until cancelled, later ones return at once. With
+    /// `cutOffAtEntry`, the first entry holds the engine's renewals and claims until that gate
+    /// opens, first noting the lapses so far (``Notes/lapsedAtEntry``).
     private static func engine(
-        _ storage: FaultyStorage, _ lapsedLeases: HopEngine.LapsedLeases, logs: InMemoryLogHandler, notes: Notes
+        _ storage: FaultyStorage, _ lapsedLeases: HopEngine.LapsedLeases, logs: InMemoryLogHandler, notes: Notes,
+        cutOffAtEntry: Gate? = nil
     ) -> HopEngine {
         var configuration = HopEngine.Configuration(leaseDuration: Self.lease)
         configuration.lapsedLeases = lapsedLeases
@@ -37,10 +48,12 @@ import Testing
         let engine = HopEngine(storage: storage, logger: logs.logger(label: "test"), configuration: configuration)
         engine.register(startupFlow())
         engine.register(step: "splash") { _ in
-            let first = notes.list.withLock { notes in
-                notes.append("entered")
-                return notes.count == 1
+            let first = notes.list.withLock { $0.isEmpty }
+            if first, let cutOffAtEntry {
+                notes.lapsedAtEntry.withLock { $0 = try? notes.lapses() }
+                storage.holdLeases(until: cutOffAtEntry)
             }
+            notes.list.withLock { $0.append("entered") }
             guard first else { return }
             do {
                 try await Task.sleep(for: .seconds(600))
@@ -58,7 +71,8 @@ import Testing
     /// A running engine on a new database of `backend` (with its storage, logs and notes) and
     /// the run it started, in its splash; `asked`: the moment before it started the run.
     private static func inSplash(
-        _ backend: TestBackend, _ folder: TemporaryDirectory, _ lapsedLeases: HopEngine.LapsedLeases
+        _ backend: TestBackend, _ folder: TemporaryDirectory, _ lapsedLeases: HopEngine.LapsedLeases,
+        cutOffAtEntry: Gate? = nil
     ) async throws -> (
         storage: FaultyStorage, logs: InMemoryLogHandler, notes: Notes, engine: HopEngine,
         service: Task<Void, any Error>, id: Int64, asked: ContinuousClock.Instant
@@ -66,7 +80,7 @@ import Testing
         let storage = FaultyStorage(try await backend.open(folder))
         let logs = InMemoryLogHandler.keepingEverything()
         let notes = Notes()
-        let engine = Self.engine(storage, lapsedLeases, logs: logs, notes: notes)
+        let engine = Self.engine(storage, lapsedLeases, logs: logs, notes: notes, cutOffAtEntry: cutOffAtEntry)
         let service = Task { try await engine.run() }
         try await waitUntil("the engine runs") { notes.ready.withLock { $0 } }
         let asked = ContinuousClock.now
@@ -88,16 +102,14 @@ import Testing
         backend: TestBackend
     ) async throws {
         let folder = try TemporaryDirectory()
-        let (storage, logs, notes, engine, service, id, asked) = try await Self.inSplash(
-            backend, folder, .stopExecuting)
-        defer { service.cancel() }
-        // A loaded machine may starve the engine's renewals past a lease before the cut-off: its
-        // execution is then stopped before the step and claimed again (the step is entered once
-        // all the same). Only the lapses from the cut-off on are this test's.
-        let lapses = { try notes.metrics.expectCounter("hop_runs_lost_total", [("reason", "lease_lapsed")]).totalValue }
-        let lapsedBefore = try lapses()
+        // Cut off as the step is entered, by the step: a loaded machine may starve the engine's
+        // renewals past a lease (CI's did), and a lapse before the cut-off would stop the step
+        // before the test could. One before the step stops the execution before it and claims
+        // the run again; only the lapses from the step's entry on are this test's.
         let cutOff = Gate()
-        storage.holdLeases(until: cutOff)
+        let (storage, logs, notes, engine, service, id, asked) = try await Self.inSplash(
+            backend, folder, .stopExecuting, cutOffAtEntry: cutOff)
+        defer { service.cancel() }
         try await waitUntil("the splash is stopped", timeout: .seconds(60)) {
             notes.list.withLock { $0.contains("cancelled") }
         }
@@ -106,7 +118,8 @@ import Testing
             after >= Self.lease * 0.9,
             "stopped \(after) after its lease was taken, before it lapsed")
         #expect(notes.list.withLock { $0 } == ["entered", "cancelled"])
-        let lapsed = try lapses() - lapsedBefore
+        let lapsedBefore = try #require(notes.lapsedAtEntry.withLock { $0 })
+        let lapsed = try notes.lapses() - lapsedBefore
         #expect(
             lapsed == 1, "\(lapsed) lapses since the cut-off (\(lapsedBefore) before): \(logs.texts(atLeast: .warning))"
         )
