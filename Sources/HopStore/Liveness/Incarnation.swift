@@ -126,6 +126,13 @@ struct LivenessLocks {
 
     init(databasePath: String) { folder = databasePath + "-engines" }
 
+    /// The lock file of the incarnation whose name (the last 16 hex digits of its owner value)
+    /// is `name`.
+    func lockFile(_ name: some StringProtocol) -> String { "\(folder)/\(name).lock" }
+
+    /// The heartbeat file of the incarnation whose name is `name` (see ``lockFile(_:)``).
+    func beatFile(_ name: some StringProtocol) -> String { "\(folder)/\(name).beat" }
+
     struct Failure: Error, CustomStringConvertible {
         var description: String
     }
@@ -136,7 +143,7 @@ struct LivenessLocks {
         if mkdir(folder, 0o700) != 0 && errno != EEXIST { throw failure("create") }
         let name = String(incarnation.suffix(16))
         let temporary = "\(folder)/.\(name).tmp"
-        let final = "\(folder)/\(name).lock"
+        let final = lockFile(name)
         let descriptor = open(temporary, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0o600)
         guard descriptor >= 0 else { throw failure("create a lock file in") }
         var bytes = Array(incarnation.utf8)[...]
@@ -157,7 +164,7 @@ struct LivenessLocks {
 
     /// The owner values of the incarnations whose lock files are no longer locked: their
     /// processes are gone. Each file stays locked by the caller until `forget` is called with it.
-    func dead(except own: String) -> [(owner: String, descriptor: Int32, file: String)] {
+    func dead(except own: String) -> [(owner: String, descriptor: Int32, name: String)] {
         guard let directory = opendir(folder) else { return [] }
         defer { closedir(directory) }
         var found: [(String, Int32, String)] = []
@@ -165,13 +172,12 @@ struct LivenessLocks {
             let name = withUnsafeBytes(of: entry.pointee.d_name) { raw in
                 String(decoding: raw.prefix(while: { $0 != 0 }), as: UTF8.self)
             }
-            if name.hasSuffix(".beat"), name.count == 21, access("\(folder)/\(name.prefix(16)).lock", F_OK) != 0 {
-                unlink("\(folder)/\(name)")  // an incarnation's heartbeat left by a release that did not know it
+            if name.hasSuffix(".beat"), name.count == 21, access(lockFile(name.prefix(16)), F_OK) != 0 {
+                unlink(beatFile(name.prefix(16)))  // an incarnation's heartbeat left by a release that did not know it
                 continue
             }
             guard name.hasSuffix(".lock"), name.count == 21, !own.hasSuffix("#" + name.prefix(16)) else { continue }
-            let file = "\(folder)/\(name)"
-            let descriptor = open(file, O_RDWR | O_CLOEXEC | O_NOFOLLOW)
+            let descriptor = open(lockFile(name.prefix(16)), O_RDWR | O_CLOEXEC | O_NOFOLLOW)
             guard descriptor >= 0 else { continue }
             guard flock(descriptor, LOCK_EX | LOCK_NB) == 0 else {
                 close(descriptor)  // locked: its incarnation is alive (perhaps frozen)
@@ -180,16 +186,16 @@ struct LivenessLocks {
             var buffer = [UInt8](repeating: 0, count: 4096)
             let count = buffer.withUnsafeMutableBytes { pread(descriptor, $0.baseAddress, $0.count, 0) }
             let owner = count > 0 ? String(decoding: buffer[0..<count], as: UTF8.self) : ""
-            found.append((owner, descriptor, file))
+            found.append((owner, descriptor, String(name.prefix(16))))
         }
         return found
     }
 
-    /// Removes a dead incarnation's file (its runs released) and its heartbeat, and lets go of
-    /// its lock.
-    func forget(file: String, descriptor: Int32) {
-        if file.hasSuffix(".lock") { unlink(String(file.dropLast(5)) + ".beat") }
-        unlink(file)
+    /// Removes the lock file of dead incarnation `name` (its runs released) and its heartbeat,
+    /// and lets go of its lock.
+    func forget(name: String, descriptor: Int32) {
+        unlink(beatFile(name))
+        unlink(lockFile(name))
         close(descriptor)
     }
 
@@ -206,8 +212,7 @@ struct LivenessLocks {
 
     /// Opens (creating it, mode 0600) the heartbeat file of `incarnation`; `nil` when it cannot.
     func openBeat(incarnation: String) -> Int32? {
-        let descriptor = open(
-            "\(folder)/\(incarnation.suffix(16)).beat", O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o600)
+        let descriptor = open(beatFile(incarnation.suffix(16)), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o600)
         return descriptor >= 0 ? descriptor : nil
     }
 
@@ -229,7 +234,7 @@ struct LivenessLocks {
         guard let hash = owner.lastIndex(of: "#") else { return nil }
         let name = owner[owner.index(after: hash)...]
         guard name.count == 16, name.allSatisfy(\.isHexDigit) else { return nil }
-        let descriptor = open("\(folder)/\(name).beat", O_RDONLY | O_CLOEXEC | O_NOFOLLOW)
+        let descriptor = open(beatFile(name), O_RDONLY | O_CLOEXEC | O_NOFOLLOW)
         guard descriptor >= 0 else { return nil }
         defer { close(descriptor) }
         var buffer = [UInt8](repeating: 0, count: 34)

@@ -107,10 +107,10 @@ extension HopStore {
         let locks = LivenessLocks(databasePath: path)
         let dead = locks.dead(except: own.id)
         // Every dead file found is let go of, whatever happens; a failed release is retried next time.
-        var forgettable: [(file: String, descriptor: Int32)] = []
+        var forgettable: [(name: String, descriptor: Int32)] = []
         defer {
-            for (file, descriptor) in forgettable { locks.forget(file: file, descriptor: descriptor) }
-            for entry in dead where !forgettable.contains(where: { $0.file == entry.file }) { close(entry.descriptor) }
+            for (name, descriptor) in forgettable { locks.forget(name: name, descriptor: descriptor) }
+            for entry in dead where !forgettable.contains(where: { $0.name == entry.name }) { close(entry.descriptor) }
         }
         for entry in dead {
             if !entry.owner.isEmpty {
@@ -122,7 +122,7 @@ extension HopStore {
                 }
                 released.append((entry.owner, count))
             }
-            forgettable.append((entry.file, entry.descriptor))
+            forgettable.append((entry.name, entry.descriptor))
         }
         return released
     }
