@@ -271,10 +271,12 @@ extension PostgresStore: HopStorage {
     }
 
     @discardableResult
-    package func divergeRun(runID: Int64, step: String?, message: String, owner: String?) async throws -> HistoryEntry {
+    package func divergeRun(
+        runID: Int64, step: String?, message: String, owner: String?, following: Int64?
+    ) async throws -> HistoryEntry {
         let operation = "mark run \(runID) diverged"
         return try await transaction(operation) { tx in
-            _ = try await tx.requireUnfinished(runID, owner: owner, operation: operation)
+            _ = try await tx.requireUnfinished(runID, owner: owner, following: following, operation: operation)
             let event = try await tx.append(runID: runID, .diverge, step: step, value: message)
             try await tx.setStatus(runID, .diverged)
             if owner == nil { try await tx.notifyChange() }
@@ -365,11 +367,11 @@ extension PostgresStore: HopStorage {
 
     @discardableResult
     package func recordError(
-        runID: Int64, step: String?, message: String, final: Bool, owner: String?
+        runID: Int64, step: String?, message: String, final: Bool, owner: String?, following: Int64?
     ) async throws -> HistoryEntry {
         let operation = "record error of run \(runID)"
         return try await transaction(operation) { tx in
-            _ = try await tx.requireUnfinished(runID, owner: owner, operation: operation)
+            _ = try await tx.requireUnfinished(runID, owner: owner, following: following, operation: operation)
             let event = try await tx.append(runID: runID, final ? .fail : .error, step: step, value: message)
             if final { try await tx.setStatus(runID, .failed) }
             if owner == nil { try await tx.notifyChange() }

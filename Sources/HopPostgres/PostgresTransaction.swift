@@ -1,6 +1,7 @@
 import Foundation
 import HopStore
 import PostgresNIO
+import Synchronization
 
 /// One transaction of a ``PostgresStore``, handed to the code that must run inside one: the
 /// helpers that read and change runs are its methods, so none of them runs outside a transaction.
@@ -12,6 +13,18 @@ struct PostgresTransaction: Sendable {
     let connection: PostgresConnection
     let store: PostgresStore
     let operation: String
+    /// The entry each run's history must end at when this transaction's next append to it
+    /// inserts (``requireUnfinished(_:owner:following:operation:)``).
+    let fences = Fences()
+
+    /// A write's fence, checked again by the insert it leads to. The statement that locks a
+    /// run's row reads where its history ends too, but under READ COMMITTED a statement that
+    /// waited for the lock reads the history as it was before the wait: a write another client
+    /// committed meanwhile (it held the row) is not in it. The insert is a statement of its own,
+    /// run with the row locked, so it reads every write committed before.
+    final class Fences: Sendable {
+        let expected = Mutex<[Int64: Int64]>([:])
+    }
 
     var location: String { store.url.redacted }
 
@@ -190,6 +203,7 @@ struct PostgresTransaction: Sendable {
         }
         try StorageRules(location: location).checkFollows(
             runID: runID, last: found.last, following: following, operation: operation)
+        if let following { fences.expected.withLock { $0[runID] = following } }
         return run
     }
 
@@ -252,16 +266,29 @@ struct PostgresTransaction: Sendable {
         touchesRun: Bool = true
     ) async throws -> HistoryEntry {
         let now = Clock.milliseconds(store.now())
+        // The first append of a fenced write inserts only where the history ends at the fence.
+        let fence = fences.expected.withLock { $0.removeValue(forKey: runID) }
         guard
             let seq = try await queryOne(
                 """
                 INSERT INTO history (run_id, seq, kind, step, token, value, at)
                 SELECT $1, coalesce(max(seq), 0) + 1, $2, $3, $4, $5, $6 FROM history WHERE run_id = $1
+                HAVING $7::bigint IS NULL OR coalesce(max(seq), 0) = $7
                 RETURNING seq
                 """,
-                [.int(runID), .text(kind.rawValue), .optional(step), .optional(token), .optional(value), .int(now)],
+                [
+                    .int(runID), .text(kind.rawValue), .optional(step), .optional(token), .optional(value), .int(now),
+                    .optional(fence),
+                ],
                 { try $0.int64(0) })
         else {
+            if fence != nil {
+                let last = try await queryOne(
+                    "SELECT coalesce(max(seq), 0) FROM history WHERE run_id = $1", [.int(runID)]
+                ) { try $0.int64(0) }
+                try StorageRules(location: location).checkFollows(
+                    runID: runID, last: last ?? 0, following: fence, operation: operation)
+            }
             throw refuse(.postgres, operation, "the history entry of run \(runID) was not inserted")
         }
         if touchesRun {

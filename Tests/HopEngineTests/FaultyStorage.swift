@@ -166,9 +166,11 @@ final class FaultyStorage: HopStorage {
         return try await base.forkRun(flow: flow, subject: subject, runID: runID, through: seq, version: version)
     }
 
-    func divergeRun(runID: Int64, step: String?, message: String, owner: String?) async throws -> HistoryEntry {
+    func divergeRun(
+        runID: Int64, step: String?, message: String, owner: String?, following: Int64?
+    ) async throws -> HistoryEntry {
         try check()
-        return try await base.divergeRun(runID: runID, step: step, message: message, owner: owner)
+        return try await base.divergeRun(runID: runID, step: step, message: message, owner: owner, following: following)
     }
 
     func record(
@@ -193,10 +195,11 @@ final class FaultyStorage: HopStorage {
     }
 
     func recordError(
-        runID: Int64, step: String?, message: String, final: Bool, owner: String?
+        runID: Int64, step: String?, message: String, final: Bool, owner: String?, following: Int64?
     ) async throws -> HistoryEntry {
         try check()
-        return try await base.recordError(runID: runID, step: step, message: message, final: final, owner: owner)
+        return try await base.recordError(
+            runID: runID, step: step, message: message, final: final, owner: owner, following: following)
     }
 
     func run(id: Int64) async throws -> RunRecord? {

@@ -129,8 +129,10 @@ extension RunExecutor {
         // Each failed attempt is on the step's span; the last one fails it (see `enter`).
         if !final { span.recordError(error, attributes: [SpanKey.attempts: .int64(Int64(attempt))]) }
         let message = "attempt \(attempt) of \(retry.maxAttempts): \(error)"
+        let following = following
         try await record(final ? .fail : .error, step) { storage, runID, owner in
-            try await storage.recordError(runID: runID, step: step, message: message, final: final, owner: owner)
+            try await storage.recordError(
+                runID: runID, step: step, message: message, final: final, owner: owner, following: following)
         }
         if final {
             throw HopError(

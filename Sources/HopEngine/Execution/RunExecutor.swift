@@ -17,8 +17,9 @@ final class RunExecutor: FlowExecution {
         /// Nothing more to do here (completed, failed, stopped, held elsewhere, parked).
         case settled
         /// The engine executes the run again, from its history, if it is running now: it parked
-        /// on a step that a stored change ends, which may have come as it parked; or a step was
-        /// ended from outside as it returned here.
+        /// on a step that a stored change ends, which may have come as it parked; a step was
+        /// ended from outside as it returned here; or its history no longer ends where this
+        /// execution last read or recorded it.
         case again
         /// Stopped: the engine let the run go, and `release` writes that (it may still be under
         /// way when the stop stopped waiting for it). The run is read for the observer once it ends.
@@ -409,9 +410,7 @@ final class RunExecutor: FlowExecution {
                 metadata: ["hop.step": "\(step)"])
             return .again
         case Suspension.historyMoved(let expected, let found):
-            logger.warning(
-                "the run's history in the database does not end at the entry this engine recorded last: it lost this engine's last commits (a failover to a standby that lacked them, a database restored) or was written from outside; executing the run again from the history the database holds",
-                metadata: ["hop.entry.expected": "\(expected)", "hop.entry.found": "\(found)"])
+            Self.logHistoryMoved(expected: expected, found: found, to: logger)
             return .again
         case _ where Task.isCancelled:
             logger.info("stopped executing run; it stays resumable")
@@ -419,12 +418,17 @@ final class RunExecutor: FlowExecution {
             // Released from a task of its own (this one is cancelled), and not waited for long.
             return .stopped(release: await environment.releaseAsStopping([run.id], what: "run \(run.id)"))
         case let error as HopError where error.code == .diverged:
+            try? await writeHeldUnhop()
+            // Judged on the history this execution read: not recorded once that is no longer
+            // the database's, and judged again on the database's.
+            let following = following
+            let recorded = await recordEnd(.diverge, nil, logger) { storage, runID, owner in
+                try await storage.divergeRun(
+                    runID: runID, step: nil, message: error.reason, owner: owner, following: following)
+            }
+            if case .again = recorded { return .again }
             environment.metrics.divergences.increment()
             logger.error("run diverged", metadata: ["hop.error": "\(error)"])
-            try? await writeHeldUnhop()
-            _ = try? await record(.diverge, nil) { storage, runID, owner in
-                try await storage.divergeRun(runID: runID, step: nil, message: error.reason, owner: owner)
-            }
         case let error as HopError where error.code == .stepFailed:
             logger.error("run failed", metadata: ["hop.error": "\(error)"])
         case let error as HopError where error.isDatabaseFailure:
@@ -433,15 +437,44 @@ final class RunExecutor: FlowExecution {
             try? await storage.release(runID: run.id, owner: environment.owner)
             environment.holdings.withLock { $0.letGoAfterAFailure = true }
         default:
-            logger.error("run failed", metadata: ["hop.error": "\(error)"])
             try? await writeHeldUnhop()  // the body threw after its last step had ended
             if let current = try? await storage.run(id: run.id), current.status.isUnfinished {
-                _ = try? await storage.recordError(
-                    runID: run.id, step: current.currentStep, message: "\(error)", final: true, owner: environment.owner
-                )
+                let following = following
+                let recorded = await recordEnd(.fail, current.currentStep, logger) { storage, runID, owner in
+                    try await storage.recordError(
+                        runID: runID, step: current.currentStep, message: "\(error)", final: true, owner: owner,
+                        following: following)
+                }
+                if case .again = recorded { return .again }
             }
+            logger.error("run failed", metadata: ["hop.error": "\(error)"])
         }
         return .settled
+    }
+
+    /// Records how the execution ended (``record(_:_:_:)``), whatever fails: `.again` when the
+    /// record was refused because the run's history no longer ends at the last entry this
+    /// execution read or recorded (the run is executed again from the database's history),
+    /// else `.settled`.
+    private func recordEnd(
+        _ kind: HistoryKind, _ name: String?, _ logger: Logger,
+        _ commit: @Sendable (_ storage: any HopStorage, _ runID: Int64, _ owner: String) async throws -> HistoryEntry
+    ) async -> Settlement {
+        do {
+            try await record(kind, name, commit)
+        } catch Suspension.historyMoved(let expected, let found) {
+            Self.logHistoryMoved(expected: expected, found: found, to: logger)
+            return .again
+        } catch {
+            // Finished or taken over elsewhere, or the database failed: the run is as it is.
+        }
+        return .settled
+    }
+
+    private static func logHistoryMoved(expected: Int64, found: Int64, to logger: Logger) {
+        logger.warning(
+            "the run's history in the database does not end at the entry this engine recorded last: it lost this engine's last commits (a failover to a standby that lacked them, a database restored) or was written from outside; executing the run again from the history the database holds",
+            metadata: ["hop.entry.expected": "\(expected)", "hop.entry.found": "\(found)"])
     }
 
     // MARK: Where code runs

@@ -115,14 +115,15 @@ extension HopStore {
         }
     }
 
-    /// Records that `step` threw. With `final`, the run is marked failed.
+    /// Records that `step` threw. With `final`, the run is marked failed. With `following`,
+    /// refused, changing nothing, unless the run's history ends at that entry.
     @discardableResult
     package func recordError(
-        runID: Int64, step: String?, message: String, final: Bool, owner: String? = nil
+        runID: Int64, step: String?, message: String, final: Bool, owner: String?, following: Int64?
     ) async throws -> HistoryEntry {
         let operation = "record error of run \(runID)"
         return try await write(.now, operation, runID: runID) { tx in
-            _ = try tx.requireUnfinished(runID, owner: owner, operation: operation)
+            _ = try tx.requireUnfinished(runID, owner: owner, following: following, operation: operation)
             let event = try tx.append(
                 runID: runID, final ? .fail : .error, step: step, value: message, operation: operation)
             if final { try tx.setStatus(runID, .failed, operation: operation) }

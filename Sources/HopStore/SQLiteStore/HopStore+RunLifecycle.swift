@@ -152,14 +152,15 @@ extension HopStore {
         }
     }
 
-    /// Marks run `runID` diverged: the flow code asked for another path than its history.
+    /// Marks run `runID` diverged: the flow code asked for another path than its history. With
+    /// `following`, refused, changing nothing, unless the run's history ends at that entry.
     @discardableResult
     package func divergeRun(
-        runID: Int64, step: String?, message: String, owner: String? = nil
+        runID: Int64, step: String?, message: String, owner: String?, following: Int64?
     ) async throws -> HistoryEntry {
         let operation = "mark run \(runID) diverged"
         return try await write(.now, operation, runID: runID) { tx in
-            _ = try tx.requireUnfinished(runID, owner: owner, operation: operation)
+            _ = try tx.requireUnfinished(runID, owner: owner, following: following, operation: operation)
             let event = try tx.append(runID: runID, .diverge, step: step, value: message, operation: operation)
             try tx.setStatus(runID, .diverged, operation: operation)
             return event

@@ -92,9 +92,14 @@ package protocol HopStorage: Sendable {
     func forkRun(
         flow: String, subject: String, runID: Int64?, through seq: Int64, version: String?
     ) async throws -> (old: RunRecord, new: RunRecord)
-    /// Marks the run diverged: the flow code asked for another path than its history.
+    /// Marks the run diverged: the flow code asked for another path than its history. With
+    /// `following`, refused, changing nothing, unless the run's history ends at that entry (see
+    /// ``record(_:runID:owner:following:durability:)``): a divergence judged on a history the
+    /// database no longer holds is not recorded.
     @discardableResult
-    func divergeRun(runID: Int64, step: String?, message: String, owner: String?) async throws -> HistoryEntry
+    func divergeRun(
+        runID: Int64, step: String?, message: String, owner: String?, following: Int64?
+    ) async throws -> HistoryEntry
 
     // MARK: Recording what a run does
 
@@ -117,10 +122,12 @@ package protocol HopStorage: Sendable {
     func unhopParked(
         flow: String, subject: String, step: String, runID: Int64?, entry: Int64?, output: String?
     ) async throws -> (run: RunRecord, unhop: HistoryEntry)
-    /// Records that a step threw; with `final`, the run fails.
+    /// Records that a step threw; with `final`, the run fails. With `following`, refused,
+    /// changing nothing, unless the run's history ends at that entry (see
+    /// ``record(_:runID:owner:following:durability:)``).
     @discardableResult
     func recordError(
-        runID: Int64, step: String?, message: String, final: Bool, owner: String?
+        runID: Int64, step: String?, message: String, final: Bool, owner: String?, following: Int64?
     ) async throws -> HistoryEntry
 
     // MARK: Reading runs
@@ -215,6 +222,24 @@ extension HopStorage {
 
     /// The whole history of a run, in order.
     package func history(runID: Int64) async throws -> [HistoryEntry] { try await history(runID: runID, limit: nil) }
+
+    /// Marks the run diverged, whatever its history ends at (see
+    /// ``divergeRun(runID:step:message:owner:following:)``).
+    @discardableResult
+    package func divergeRun(
+        runID: Int64, step: String?, message: String, owner: String? = nil
+    ) async throws -> HistoryEntry {
+        try await divergeRun(runID: runID, step: step, message: message, owner: owner, following: nil)
+    }
+
+    /// Records that a step threw, whatever the run's history ends at (see
+    /// ``recordError(runID:step:message:final:owner:following:)``).
+    @discardableResult
+    package func recordError(
+        runID: Int64, step: String?, message: String, final: Bool, owner: String? = nil
+    ) async throws -> HistoryEntry {
+        try await recordError(runID: runID, step: step, message: message, final: final, owner: owner, following: nil)
+    }
 
     /// Applies `writes` for the run in order, whatever its history ends at (see
     /// ``record(_:runID:owner:following:durability:)``).
