@@ -91,4 +91,41 @@ final class SettledRuns: Sendable {
         }
         try await waitUntil("the release has ended") { try await storage.base.run(id: run.id)?.owner == nil }
     }
+    /// A step whose execution was stopped before its body began is not entered: the body of a
+    /// run the engine let go (or lost: a lapsed lease, a takeover) must not start beside the
+    /// engine that takes it over, where a body that ignores cancellation would run on. Here the
+    /// transition hook before the hop to the step outlasts the engine's stop (it swallows the
+    /// cancellation), so the hop is recorded by an execution already stopped. Before, the body
+    /// was entered all the same (and found itself cancelled).
+    @Test func aStepWhoseExecutionWasStoppedBeforeItsBodyBeganIsNotEntered() async throws {
+        let folder = try TemporaryDirectory()
+        let storage = try await HopStore.open(path: folder.database)
+        let events = SettledRuns()
+        let hooked = Gate()
+        let entered = Atomic<Int>(0)
+        let engine = HopEngine(
+            storage: storage, logger: Logger(label: "stop") { _ in SwiftLogNoOpLogHandler() },
+            configuration: .init(observer: events.observe, engineID: "stopping"))
+        let flow = Flow("work", version: "1") { flow in
+            try await flow.hop(to: "task") { _ in
+                hooked.open()
+                try? await Task.sleep(for: .seconds(3600))  // until the engine stops; the stop is swallowed
+            }
+        }
+        engine.register(flow)
+        engine.register(step: "task") { _ in entered.add(1, ordering: .sequentiallyConsistent) }
+        let service = Task { try await engine.run() }
+        defer { service.cancel() }
+        try await waitUntil("the engine is ready") { events.ready }
+        let run = try await engine.start("work")
+        await hooked.wait()
+
+        service.cancel()
+        try await service.value
+        let history = try await storage.history(runID: run.id)
+        #expect(history.map(\.kind) == [.hop], "the hop was recorded: \(history)")
+        #expect(entered.load(ordering: .sequentiallyConsistent) == 0, "\(history)")
+        // Left running, for the next engine to execute from its history.
+        #expect(try await storage.run(id: run.id)?.status == .running)
+    }
 }

@@ -35,6 +35,10 @@ extension RunExecutor {
         let registration = try inProcessStep(step)
         var attempt = 1
         while true {
+            // Stopped before the body began (the engine stops, or the run was lost: its lease
+            // lapsed, another engine took it over, it ended elsewhere): the body is not entered.
+            // A body already cancelled could ignore it and run beside the engine that takes over.
+            if Task.isCancelled { throw CancellationError() }
             span.setAttribute(SpanKey.attempts, attempt)
             let unhop = StepUnhop(executor: self, step: step, token: token)
             let started = ContinuousClock.now
