@@ -121,7 +121,16 @@ import Glibc
         try await stopEveryThread(of: owner.processIdentifier)  // stopped already: waits until every thread is
         defer { owner.kill(SIGCONT) }
         let written = try await entries(on: primary)
-        #expect(written.suffix(2) == ["unhop:splash", "timer:sleep"], "\(written)")
+        // Once, under the whole suite, the primary held the decision that follows the sleep, as
+        // if A had gone on after stopping itself: said with what A printed and its state.
+        #expect(
+            written.suffix(2) == ["unhop:splash", "timer:sleep"],
+            """
+            \(written)
+            A: \(owner.stdout)
+            \((try? String(contentsOfFile: "/proc/\(owner.processIdentifier)/status", encoding: .utf8))?
+                .split(separator: "\n").filter { $0.hasPrefix("State") || $0.hasPrefix("SigQ") }.joined(separator: "; ") ?? "")
+            """)
         let server: PostgresServer
         switch how {
         case .failover:
