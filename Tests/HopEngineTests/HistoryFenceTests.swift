@@ -1,6 +1,5 @@
 import Foundation
 import HopEngine
-import HopPostgres
 import HopStore
 import HopTestSupport
 import InMemoryLogging
@@ -140,12 +139,7 @@ import Testing
         let write = Task {
             try await store.record(.decision(name: "inside", value: "1"), runID: run.id, following: 1)
         }
-        try await waitUntil("the write waits for the run's row") {
-            let waiting = try await TestDatabases.shared.psql(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
-                in: folder)
-            return (Int(waiting.trimmingCharacters(in: .whitespacesAndNewlines)) ?? 0) >= 1
-        }
+        try await PostgresRowLockTests.waitUntilAStatementWaitsForALock("the write waits for the run's row", in: folder)
         _ = try await holder.query("COMMIT", logger: quiet).collect()
         try await holder.close()
 

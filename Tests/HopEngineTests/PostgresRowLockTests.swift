@@ -184,12 +184,8 @@ import Testing
         _ = try await holder.query("BEGIN", logger: quiet).collect()
         _ = try await holder.query("SELECT id FROM runs WHERE id = \(run.id) FOR UPDATE", logger: quiet).collect()
         // The next renewal skips the row, and leaves a statement waiting for it.
-        try await waitUntil("a statement of the engine waits for the locked row") {
-            let waiting = try await TestDatabases.shared.psql(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
-                in: folder)
-            return (Int(waiting.trimmingCharacters(in: .whitespacesAndNewlines)) ?? 0) >= 1
-        }
+        try await Self.waitUntilAStatementWaitsForALock(
+            "a statement of the engine waits for the locked row", in: folder)
 
         let stopped = Atomic<Bool>(false)
         let stopping = Task {
@@ -270,6 +266,18 @@ import Testing
         }
         _ = try await holder.query("ROLLBACK", logger: quiet).collect()
         try await holder.close()
+    }
+
+    /// Waits until a statement on the test's database (whose folder is `folder`) waits for a
+    /// lock, which `what` names: read by psql, in a session of its own each time (a transaction
+    /// sees `pg_stat_activity` as it was when it first read it).
+    static func waitUntilAStatementWaitsForALock(_ what: String, in folder: TemporaryDirectory) async throws {
+        try await waitUntil(what) {
+            let waiting = try await TestDatabases.shared.psql(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                in: folder)
+            return (Int(waiting.trimmingCharacters(in: .whitespacesAndNewlines)) ?? 0) >= 1
+        }
     }
 
     /// Starts `hop-test-daemon --mixed 6` with `arguments` on the test's database at `url`, and
