@@ -210,6 +210,55 @@ import Testing
         Self.expectJudgedAgain(history, times: executions.withLock { $0 }, logs: logs)
     }
 
+    /// The same for a divergence: an engine whose replay finds the code asking for another
+    /// path than the history it read does not mark the run diverged once the database's history
+    /// has moved on (here another writer appended an entry while the body replayed). It replays
+    /// the history the database holds, with which this code agrees, and the run completes.
+    @Test(arguments: TestBackend.all)
+    func aDivergenceOnAHistoryThatMovedIsJudgedAgainOnTheDatabases(backend: TestBackend) async throws {
+        let folder = try TemporaryDirectory()
+        let store = try await backend.open(folder)
+        let (run, _) = try await store.startRun(flow: "startup", subject: "default", version: "1")
+        let hop = try await store.record(
+            .hop(step: "splash", from: nil, parks: false, wakeOn: nil, deadline: nil), runID: run.id, following: 0)
+        try await store.record(
+            [.unhop(token: try #require(hop.token), output: nil), .decision(name: "first", value: "true")],
+            runID: run.id, owner: nil, following: 1, durability: .now)
+
+        let logs = InMemoryLogHandler.keepingEverything()
+        let executions = Mutex(0)
+        let flow = Flow("startup", version: "1") { flow in
+            try await flow.hop(to: "splash")
+            let execution = executions.withLock {
+                $0 += 1
+                return $0
+            }
+            if execution == 1 {
+                // Entry 4, appended while the body replays; then the body asks for another
+                // decision than entry 3's, which diverges from the history it read.
+                try await store.record(.decision(name: "outside", value: "true"), runID: flow.runID, owner: nil)
+                _ = try await flow.decide("second") { true }
+            }
+            _ = try await flow.decide("first") { true }
+            _ = try await flow.decide("outside") { false }
+            try await flow.hop(to: "main")
+        }
+        let engine = try await startupEngine(folder, logger: logs.logger(label: "test"), flow: flow, storage: store)
+        #expect(try await engine.resumeAll() == 1)
+        #expect(try await engine.settled(runID: run.id)?.status == .completed)
+        let history = try await store.history(runID: run.id)
+        #expect(
+            history.map { "\($0.kind.rawValue) \($0.step ?? "")" } == [
+                "hop splash", "unhop splash", "decision first", "decision outside", "hop main", "unhop main",
+                "complete ",
+            ], "\(history)")
+        #expect(executions.withLock { $0 } == 2)
+        #expect(!logs.texts(atLeast: .error).contains { $0.contains("diverged") }, "\(logs.texts(atLeast: .error))")
+        #expect(
+            logs.texts(atLeast: .warning).count { $0.contains("does not end at the entry this engine recorded last") }
+                == 1, "\(logs.texts(atLeast: .warning))")
+    }
+
     /// The run's failure was recorded by the second try (`times`), after the outside entry,
     /// with one warning that the history had moved.
     private static func expectJudgedAgain(_ history: [HistoryEntry], times: Int, logs: InMemoryLogHandler) {
