@@ -23,12 +23,24 @@ public final class PostgresServer: Sendable {
         "postgres://\(role ?? user)@/\(name)?host=\(socketDirectory.hasSuffix("/") ? String(socketDirectory.dropLast()) : socketDirectory)"
     }
 
-    /// The pid of the server's postmaster, once started.
+    /// The pid of the server's postmaster while it runs: the pid heading `postmaster.pid`, if
+    /// that process works in this cluster's folder. A server that ended without removing the file
+    /// (killed) leaves a pid that any process the suite starts may have taken since.
     public var postmasterPID: pid_t? {
         guard let text = try? String(contentsOfFile: folder.path("data/postmaster.pid"), encoding: .utf8),
-            let line = text.split(separator: "\n").first
+            let line = text.split(separator: "\n").first, let pid = pid_t(line)
         else { return nil }
-        return pid_t(line)
+        return Self.process(pid, worksIn: folder.path("data")) ? pid : nil
+    }
+
+    /// Whether process `pid` runs with `folder` as its working directory, as a postmaster runs in
+    /// its cluster's data folder.
+    public static func process(_ pid: pid_t, worksIn folder: String) -> Bool {
+        guard let working = try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/\(pid)/cwd") else {
+            return false
+        }
+        return URL(fileURLWithPath: working).resolvingSymlinksInPath().path
+            == URL(fileURLWithPath: folder).resolvingSymlinksInPath().path
     }
 
     /// The port in the socket's name (`.s.PGSQL.<port>`); nothing listens on TCP.
@@ -48,12 +60,8 @@ public final class PostgresServer: Sendable {
     }
 
     deinit {
-        // pg_ctl's immediate shutdown is SIGQUIT to the postmaster, whose pid heads postmaster.pid.
-        if let text = try? String(contentsOfFile: folder.path("data/postmaster.pid"), encoding: .utf8),
-            let line = text.split(separator: "\n").first, let pid = pid_t(line)
-        {
-            kill(pid, SIGQUIT)
-        }
+        // pg_ctl's immediate shutdown is SIGQUIT to the postmaster.
+        if let pid = postmasterPID { kill(pid, SIGQUIT) }
     }
 
     /// The folder of PostgreSQL's server programs (Debian: `/usr/lib/postgresql/<major>/bin`,

@@ -115,15 +115,20 @@ package actor TestDatabases {
             atexit {
                 // A static's deinit never runs: the server stops with the process, and its folder goes.
                 let pid = Shutdown.postmaster.load(ordering: .relaxed)
-                guard pid > 0 else { return }
-                kill(pid, SIGQUIT)
-                // The postmaster is not this process's child: it is gone when signals no longer reach it.
-                var waited = 0
-                while kill(pid, 0) == 0 && waited < 500 {
-                    usleep(10_000)
-                    waited += 1
+                guard pid > 0, let folder = Shutdown.folder.withLock({ $0 }) else { return }
+                // Only while the pid is still the server's: a server that died early left it to any process.
+                if PostgresServer.process(
+                    pid, worksIn: URL(fileURLWithPath: folder).appendingPathComponent("data").path)
+                {
+                    kill(pid, SIGQUIT)
+                    // The postmaster is not this process's child: it is gone when signals no longer reach it.
+                    var waited = 0
+                    while kill(pid, 0) == 0 && waited < 500 {
+                        usleep(10_000)
+                        waited += 1
+                    }
                 }
-                if let folder = Shutdown.folder.withLock({ $0 }) { try? FileManager.default.removeItem(atPath: folder) }
+                try? FileManager.default.removeItem(atPath: folder)
             }
         }
         return started
