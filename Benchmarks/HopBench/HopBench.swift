@@ -28,7 +28,7 @@ struct HopBench: AsyncParsableCommand {
         "startup-flow.sequential.ratio": (0.85, nil),
         "resume.seconds": (nil, 2),
         "resume.peak-memory": (nil, 128),
-        "hopctl.status.median": (nil, 20),
+        "hopctl.status.median": (nil, 6),
         "hopctl.history.median": (nil, 20),
         "parked-memory.peak": (nil, 64),
         "parked-memory.restarted-peak": (nil, 64),
