@@ -421,8 +421,7 @@ final class RunExecutor: FlowExecution {
             try? await writeHeldUnhop()
             // Judged on the history this execution read: not recorded once that is no longer
             // the database's, and judged again on the database's.
-            let following = following
-            let recorded = await recordEnd(.diverge, nil, logger) { storage, runID, owner in
+            let recorded = await recordEnd(.diverge, nil, logger) { storage, runID, owner, following in
                 try await storage.divergeRun(
                     runID: runID, step: nil, message: error.reason, owner: owner, following: following)
             }
@@ -439,8 +438,7 @@ final class RunExecutor: FlowExecution {
         default:
             try? await writeHeldUnhop()  // the body threw after its last step had ended
             if let current = try? await storage.run(id: run.id), current.status.isUnfinished {
-                let following = following
-                let recorded = await recordEnd(.fail, current.currentStep, logger) { storage, runID, owner in
+                let recorded = await recordEnd(.fail, current.currentStep, logger) { storage, runID, owner, following in
                     try await storage.recordError(
                         runID: runID, step: current.currentStep, message: "\(error)", final: true, owner: owner,
                         following: following)
@@ -452,16 +450,21 @@ final class RunExecutor: FlowExecution {
         return .settled
     }
 
-    /// Records how the execution ended (``record(_:_:_:)``), whatever fails: `.again` when the
-    /// record was refused because the run's history no longer ends at the last entry this
-    /// execution read or recorded (the run is executed again from the database's history),
-    /// else `.settled`.
+    /// Records how the execution ended (``record(_:_:_:)``), whatever fails; `commit` is handed
+    /// the last entry this execution read or recorded, which the record must follow. Returns
+    /// `.again` when it was refused because the run's history no longer ends there (the run is
+    /// executed again from the database's history), else `.settled`.
     private func recordEnd(
         _ kind: HistoryKind, _ name: String?, _ logger: Logger,
-        _ commit: @Sendable (_ storage: any HopStorage, _ runID: Int64, _ owner: String) async throws -> HistoryEntry
+        _ commit:
+            @Sendable (_ storage: any HopStorage, _ runID: Int64, _ owner: String, _ following: Int64)
+            async throws -> HistoryEntry
     ) async -> Settlement {
+        let following = following
         do {
-            try await record(kind, name, commit)
+            try await record(kind, name) { storage, runID, owner in
+                try await commit(storage, runID, owner, following)
+            }
         } catch Suspension.historyMoved(let expected, let found) {
             Self.logHistoryMoved(expected: expected, found: found, to: logger)
             return .again
