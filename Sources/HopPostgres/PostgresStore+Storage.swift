@@ -143,7 +143,7 @@ extension PostgresStore: HopStorage {
         let batchSize = dryRun ? Int.max : max(1, pruning.batchSize)
         let span = Int64(max(1, pruning.scanSpan))
         let cutoff = PostgresValue.int(Clock.milliseconds(pruning.finishedBefore))
-        var kept = KeptRuns(keepLast: pruning.keepLast)
+        var kept = try KeptRuns(keepLast: pruning.keepLast)
         // The runs in order of id, `scanSpan` at a time (as on SQLite): no statement reads every
         // run, none reads again the runs an earlier one passed over, and only a batch's removal
         // is a transaction. Each subject's `keepLast`-th newest run is read once (`KeptRuns`).

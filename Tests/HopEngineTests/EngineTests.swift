@@ -338,6 +338,38 @@ import Testing
         let order = ["retention is off", "engine running"].map { text in said.firstIndex { $0.contains(text) } ?? -1 }
         #expect(order[0] >= 0 && order[0] < order[1], "refused before the runs are resumed: \(said)")
     }
+
+    /// A negative age or number of runs to keep is a mistake, not "keep none": taken as zero, it
+    /// removed every finished run, each subject's latest too, as soon as it finished.
+    @Test(arguments: [
+        (HopEngine.Retention(finishedAfter: .zero, keepLast: -1, interval: .zero), "keepLast"),
+        (HopEngine.Retention(finishedAfter: .seconds(-60), keepLast: 0, interval: .zero), "finishedAfter"),
+    ])
+    func aRetentionThatKeepsANegativeNumberOrAgeIsRefusedAndRemovesNothing(
+        retention: HopEngine.Retention, setting: String
+    ) async throws {
+        let folder = try TemporaryDirectory()
+        let logs = InMemoryLogHandler.keepingEverything()
+        let store = try await HopStore.open(path: folder.database)
+        // Two finished runs of the subject: a prune keeping none would remove the older at once.
+        var finished: [Int64] = []
+        for _ in 0..<2 {
+            finished.append(try await store.startRun(flow: "startup", subject: "default", version: "1").run.id)
+            try await store.cancelRun(flow: "startup", subject: "default", runID: nil, reason: "test")
+        }
+        let engine = HopEngine(
+            store: store, logger: logs.logger(label: "test"), configuration: .init(retention: retention))
+        registerInstantStartup(on: engine)
+        let service = Task { try await engine.run() }
+        defer { service.cancel() }
+        try await waitUntil("the engine says retention is off", timeout: .seconds(30)) {
+            logs.texts(atLeast: .error).contains { $0.contains("retention is off") && $0.contains(setting) }
+        }
+        let run = try await engine.start("startup")
+        #expect(try await engine.settled(runID: run.id)?.status == .completed)
+        for id in finished { #expect(try await store.run(id: id)?.status == .cancelled, "run \(id) is kept") }
+        #expect(logs.texts(atLeast: .error).count == 1, "\(logs.texts(atLeast: .error))")
+    }
 }
 
 /// Settings that cannot work are taken as the nearest that can, each said once: a poll interval

@@ -39,8 +39,7 @@ import Testing
         _ storage: FaultyStorage, _ lapsedLeases: HopEngine.LapsedLeases, logs: InMemoryLogHandler, notes: Notes,
         cutOffAtEntry: Gate? = nil
     ) -> HopEngine {
-        var configuration = HopEngine.Configuration(leaseDuration: Self.lease)
-        configuration.lapsedLeases = lapsedLeases
+        var configuration = HopEngine.Configuration(leaseDuration: Self.lease, lapsedLeases: lapsedLeases)
         configuration.metricsFactory = notes.metrics
         configuration.observer = { event in
             if case .ready = event { notes.ready.withLock { $0 = true } }

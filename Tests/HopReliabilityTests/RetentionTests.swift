@@ -350,6 +350,29 @@ import Testing
         #expect(left.filter { !$0.status.isUnfinished }.allSatisfy { $0.id == newest }, "\(left.map(\.id))")
     }
 
+    /// A negative `keepLast` is a mistake, refused by a prune and a dry run on every backend:
+    /// taken as 0, it removed each subject's latest run too.
+    @Test(arguments: TestBackend.all)
+    func aPruneKeepingANegativeNumberOfRunsIsRefusedAndRemovesNothing(backend: TestBackend) async throws {
+        let folder = try TemporaryDirectory()
+        let store = try await backend.open(folder)
+        for _ in 0..<3 {
+            _ = try await store.startRun(flow: "archive", subject: "s", version: "1")
+            try await store.cancelRun(flow: "archive", subject: "s", runID: nil, reason: "test")
+        }
+        let pruning = Pruning(finishedBefore: Date().addingTimeInterval(3600), keepLast: -1)
+        for dryRun in [true, false] {
+            let refused = await #expect(throws: HopError.self) { try await store.prune(pruning, dryRun: dryRun) }
+            #expect(refused?.code == .invalidInput, "\(String(describing: refused))")
+            #expect(refused?.description.contains("keepLast is -1") == true, "\(String(describing: refused))")
+        }
+        #expect(try await store.allRuns(flow: "archive").count == 3)
+        // Keeping none removes the two older runs (never the highest id): what -1 did before.
+        #expect(
+            try await store.prune(Pruning(finishedBefore: pruning.finishedBefore, keepLast: 0), dryRun: false).runs == 2
+        )
+    }
+
     private func fileSize(_ path: String) throws -> Int64 {
         var info = stat()
         guard stat(path, &info) == 0 else { throw TestFailure("cannot stat \(path)") }

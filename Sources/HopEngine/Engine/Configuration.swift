@@ -56,8 +56,10 @@ extension HopEngine {
             pollInterval: Duration = .milliseconds(50), leaseDuration: Duration = .seconds(10),
             observer: (@Sendable (EngineEvent) -> Void)? = nil, metricsFactory: (any MetricsFactory)? = nil,
             engineID: String? = nil, maxConcurrentRuns: Int = 10_000, retention: Retention? = nil,
-            tracer: (any Tracer)? = nil, deadEngineCheckInterval: Duration = .seconds(1)
+            tracer: (any Tracer)? = nil, deadEngineCheckInterval: Duration = .seconds(1),
+            lapsedLeases: LapsedLeases = .keepExecuting
         ) {
+            self.lapsedLeases = lapsedLeases
             self.deadEngineCheckInterval = deadEngineCheckInterval
             self.tracer = tracer
             self.retention = retention
@@ -136,6 +138,9 @@ extension HopEngine {
     /// Which finished runs a running engine removes, and how often it looks (see
     /// ``Configuration/retention``). Unfinished runs, first-use flags and sessions are never
     /// removed; each prune goes a batch of runs per transaction, beside the engine's own writes.
+    /// A retention that can never be meant (a negative ``finishedAfter`` or ``keepLast``, a
+    /// ``flow`` that is no name) removes nothing: the engine says so once, at the error level,
+    /// and runs without it.
     public struct Retention: Sendable, Equatable {
         /// Runs that finished longer ago than this are removed.
         public var finishedAfter: Duration
@@ -158,6 +163,18 @@ extension HopEngine {
             self.keepLast = keepLast
             self.flow = flow
             self.interval = interval
+        }
+
+        /// Refuses a negative ``finishedAfter`` or ``keepLast``, each a mistake: taken as zero, the
+        /// first removes every run as soon as it finishes, the second each subject's latest run.
+        func validate() throws {
+            _ = try KeptRuns(keepLast: keepLast)  // refused as a prune refuses it
+            if finishedAfter < .zero {
+                throw HopError(
+                    .invalidInput,
+                    "finishedAfter is \(finishedAfter): how long finished runs are kept cannot be negative",
+                    hint: "Give how long a finished run is kept, e.g. .seconds(30 * 86_400) for 30 days")
+            }
         }
     }
 }

@@ -318,6 +318,7 @@ extension HopEngine: Service {
         guard let retention = configuration.retention else { return nil }
         do {
             if let flow = retention.flow { try Identifier.validate(flow, as: "flow name") }
+            try retention.validate()
             return retention
         } catch {
             logger.error("retention is off: its settings are refused", metadata: ["hop.error": "\(error)"])

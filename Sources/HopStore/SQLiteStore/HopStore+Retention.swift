@@ -24,7 +24,7 @@ extension HopStore {
         let batchSize = dryRun ? Int.max : max(1, pruning.batchSize)
         let span = Int64(max(1, pruning.scanSpan))
         let cutoff = SQLValue.integer(Clock.milliseconds(pruning.finishedBefore))
-        var kept = KeptRuns(keepLast: pruning.keepLast)
+        var kept = try KeptRuns(keepLast: pruning.keepLast)
         // The runs are looked at in order of id, `span` at a time; no look reads again the runs an
         // earlier one passed over. A look reads without the write lock (a read waits for no one);
         // only the removal of what it found is a transaction, which holds the lock for
@@ -192,8 +192,15 @@ package struct KeptRuns {
         let subject: String
     }
 
-    package init(keepLast: Int) {
-        self.keepLast = max(0, keepLast)
+    /// Refuses a negative `keepLast`: a mistake, which taken as 0 would remove every old
+    /// enough run, each subject's latest too.
+    package init(keepLast: Int) throws {
+        guard keepLast >= 0 else {
+            throw HopError(
+                .invalidInput, "keepLast is \(keepLast): a number of runs to keep cannot be negative",
+                hint: "Keep 1 (each flow and subject's latest run) or more; 0 keeps none")
+        }
+        self.keepLast = keepLast
     }
 
     /// The lowest run id of `flow` for `subject` that the prune keeps: runs below it have
@@ -221,7 +228,8 @@ public struct Pruning: Sendable, Equatable {
     public var finishedBefore: Date
     /// Only runs of this flow; every flow when `nil`.
     public var flow: String?
-    /// Keep the newest `keepLast` runs of each flow and subject (finished or not), whatever their age.
+    /// Keep the newest `keepLast` runs of each flow and subject (finished or not), whatever their
+    /// age; 0 or more (a prune refuses a negative one, removing nothing).
     public var keepLast: Int
     /// Runs removed per transaction at most.
     public var batchSize: Int
