@@ -19,6 +19,40 @@ import Testing
         }
     }
 
+    /// A long read in another process (a backup, an operator's `sqlite3` shell) keeps the
+    /// write-ahead log from being checkpointed past its snapshot, and a daemon's writes meanwhile
+    /// grow the log. Once the read ends, the log is cut back to `Connection.walSizeLimit`, not
+    /// kept at its largest for as long as the daemon runs.
+    @Test func aWriteAheadLogThatGrewBesideALongReadIsCutBackOnceTheReadEnds() async throws {
+        let folder = try TemporaryDirectory()
+        let store = try await HopStore.open(path: folder.database, options: .init(durability: .normal))
+        let wal = folder.database + "-wal"
+        func size() throws -> Int64 {
+            Int64(try FileManager.default.attributesOfItem(atPath: wal)[.size] as? Int ?? 0)
+        }
+        let reader = try ChildProcess(
+            "hop-test-store", ["hold-read", folder.database], keepInputOpen: true, directory: folder)
+        defer { reader.kill() }
+        try await reader.waitForOutput("reading")
+        let value = String(repeating: "x", count: 4000)
+        var writes = 0
+        while try size() < 2 * Connection.walSizeLimit {
+            writes += 1
+            try await store.setFact(subject: "default", key: "key-\(writes % 5000)", value: value)
+        }
+        let grown = try size()
+        reader.closeInput()
+        #expect(try await reader.waitForExit() == 0)
+        // SQLite checkpoints the whole log at the next commit, and the write after that starts
+        // the log over, cutting the file back; a few more writes at the most.
+        for more in 1...100 where try size() > Connection.walSizeLimit {
+            try await store.setFact(subject: "default", key: "more-\(more)", value: "x")
+        }
+        let after = try size()
+        #expect(after <= Connection.walSizeLimit, "grew to \(grown) bytes in \(writes) writes; \(after) after")
+        #expect(try await store.fact(subject: "default", key: "key-1") == value)
+    }
+
     @Test func aSymlinkADeviceAMemoryDatabaseAndAURIAreRefusedAndLeaveNothing() async throws {
         let folder = try TemporaryDirectory()
         _ = try await HopStore.open(path: folder.database)

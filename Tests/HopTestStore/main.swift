@@ -7,6 +7,9 @@ import Synchronization
 // Usage: hop-test-store migrate PATH    prints the schema version
 //        hop-test-store modes PATH      writes once, then prints the permission bits of the file, its -wal and -shm
 //        hop-test-store hold-lock PATH  takes the write lock, prints "locked", holds it until standard input closes
+//        hop-test-store hold-read PATH  reads in a transaction, prints "reading", keeps that snapshot (and
+//                                       the write-ahead log from being checkpointed past it) until standard
+//                                       input closes
 //        hop-test-store set-history-step PATH RUN SEQ STEP
 //                                       renames the step of one history entry, as if an older flow
 //                                       version had recorded it (to make a run diverge)
@@ -164,18 +167,22 @@ if arguments.count == 4, arguments[1] == "write-loop", let busy = Int(arguments[
         exit(1)
     }
 }
-guard arguments.count == 3, ["migrate", "migrate-newer", "modes", "hold-lock"].contains(arguments[1]) else {
-    FileHandle.standardError.write(Data("usage: hop-test-store migrate|migrate-newer|modes|hold-lock PATH\n".utf8))
+guard arguments.count == 3, ["migrate", "migrate-newer", "modes", "hold-lock", "hold-read"].contains(arguments[1])
+else {
+    FileHandle.standardError.write(
+        Data("usage: hop-test-store migrate|migrate-newer|modes|hold-lock|hold-read PATH\n".utf8))
     exit(64)
 }
-if arguments[1] == "hold-lock" {
+if arguments[1] == "hold-lock" || arguments[1] == "hold-read" {
+    let reading = arguments[1] == "hold-read"
+    // A read transaction takes its snapshot at its first read.
+    let begin = reading ? "BEGIN; SELECT count(*) FROM runs;" : "BEGIN IMMEDIATE"
     var db: OpaquePointer?
-    guard sqlite3_open(arguments[2], &db) == SQLITE_OK, sqlite3_exec(db, "BEGIN IMMEDIATE", nil, nil, nil) == SQLITE_OK
-    else {
-        FileHandle.standardError.write(Data("cannot take the write lock\n".utf8))
+    guard sqlite3_open(arguments[2], &db) == SQLITE_OK, sqlite3_exec(db, begin, nil, nil, nil) == SQLITE_OK else {
+        FileHandle.standardError.write(Data("cannot \(reading ? "read" : "take the write lock")\n".utf8))
         exit(1)
     }
-    FileHandle.standardOutput.write(Data("locked\n".utf8))
+    FileHandle.standardOutput.write(Data((reading ? "reading\n" : "locked\n").utf8))
     _ = FileHandle.standardInput.readDataToEndOfFile()
     sqlite3_exec(db, "ROLLBACK", nil, nil, nil)
     sqlite3_close(db)

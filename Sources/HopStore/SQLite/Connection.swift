@@ -25,6 +25,13 @@ final class Connection {
     /// The SQL function `hop_owner_waits`, once the store has defined it (see `OwnerWaits`).
     var ownerWaits: OwnerWaits?
 
+    /// The size a write-ahead log is cut back to once checkpointed (`PRAGMA journal_size_limit`).
+    /// A log grows past SQLite's checkpoint of every 1,000 pages (4 MiB) while another process
+    /// reads a snapshot for long (a backup, a `sqlite3` shell); without a limit SQLite keeps the
+    /// file at its largest for as long as a connection stays open, a daemon's for months. A
+    /// daemon's log in use stays well below it, so it is never cut and grown again.
+    static let walSizeLimit: Int64 = 16 << 20
+
     /// Opens the database at `path`, creating it (mode 0600, folder included) when `create` is set.
     /// Only a regular file is adopted, never through a symbolic link (see `DatabaseFile`).
     init(path: String, create: Bool, durability: HopStore.Durability, busyTimeout: Duration, vfs: String? = nil) throws
@@ -51,6 +58,7 @@ final class Connection {
             // the mode can only be chosen before the first table exists.
             if tables == 0 { try execute("PRAGMA auto_vacuum = INCREMENTAL", operation: "open") }
             try setWAL(timeout: busyTimeout)
+            try execute("PRAGMA journal_size_limit = \(Self.walSizeLimit)", operation: "open")
             try execute("PRAGMA synchronous = \(durability == .full ? "FULL" : "NORMAL")", operation: "open")
             try execute("PRAGMA foreign_keys = ON", operation: "open")
         } catch {
