@@ -17,6 +17,7 @@ static atomic_int registered;
 static atomic_long calls, syncs, writes, faults;
 static atomic_long fail_at, power_loss_at, power_loss_at_write;
 static atomic_int fail_code;
+static atomic_int faulted_call;
 
 /// A write held until its file is synced (power-loss mode).
 typedef struct HeldWrite {
@@ -35,12 +36,13 @@ typedef struct FaultFile {
 
 static sqlite3_mutex *held_mutex(void) { return sqlite3_mutex_alloc(SQLITE_MUTEX_STATIC_VFS1); }
 
-/// Counts a call; returns the code to fail it with, or SQLITE_OK.
-static int count_call(void) {
+/// Counts a call of `kind` ('w', 's', 't' or 'f'); returns the code to fail it with, or SQLITE_OK.
+static int count_call(int kind) {
     long n = atomic_fetch_add(&calls, 1) + 1;
     long at = atomic_load(&fail_at);
     if (at > 0 && n == at) {
         atomic_fetch_add(&faults, 1);
+        atomic_store(&faulted_call, kind);
         return atomic_load(&fail_code);
     }
     return SQLITE_OK;
@@ -99,7 +101,7 @@ static int x_read(sqlite3_file *f, void *buffer, int amount, sqlite3_int64 offse
 
 static int x_write(sqlite3_file *f, const void *data, int amount, sqlite3_int64 offset) {
     FaultFile *file = (FaultFile *)f;
-    int rc = count_call();
+    int rc = count_call('w');
     if (rc != SQLITE_OK) return rc;
     long n = atomic_fetch_add(&writes, 1) + 1;
     long cut = atomic_load(&power_loss_at_write);
@@ -120,7 +122,7 @@ static int x_write(sqlite3_file *f, const void *data, int amount, sqlite3_int64 
 
 static int x_truncate(sqlite3_file *f, sqlite3_int64 size) {
     FaultFile *file = (FaultFile *)f;
-    int rc = count_call();
+    int rc = count_call('t');
     if (rc != SQLITE_OK) return rc;
     sqlite3_mutex_enter(held_mutex());
     // Truncation is applied at once (the held writes first): a simplification of the model.
@@ -132,7 +134,7 @@ static int x_truncate(sqlite3_file *f, sqlite3_int64 size) {
 
 static int x_sync(sqlite3_file *f, int flags) {
     FaultFile *file = (FaultFile *)f;
-    int rc = count_call();
+    int rc = count_call('s');
     if (rc != SQLITE_OK) return rc;
     long n = atomic_fetch_add(&syncs, 1) + 1;
     long cut = atomic_load(&power_loss_at);
@@ -149,7 +151,7 @@ static int x_sync(sqlite3_file *f, int flags) {
 
 static int x_file_size(sqlite3_file *f, sqlite3_int64 *size) {
     FaultFile *file = (FaultFile *)f;
-    int rc = count_call();
+    int rc = count_call('f');
     if (rc != SQLITE_OK) return rc;
     rc = file->real->pMethods->xFileSize(file->real, size);
     if (rc != SQLITE_OK) return rc;
@@ -230,6 +232,7 @@ static void arm(long fail, int code, long power, long power_at_write) {
     atomic_store(&syncs, 0);
     atomic_store(&writes, 0);
     atomic_store(&faults, 0);
+    atomic_store(&faulted_call, 0);
     atomic_store(&fail_code, code);
     atomic_store(&fail_at, fail);
     atomic_store(&power_loss_at, power);
@@ -242,3 +245,4 @@ void hop_fault_vfs_power_loss_at_write(long n) { arm(0, 0, 0, n); }
 long hop_fault_vfs_calls(void) { return atomic_load(&calls); }
 long hop_fault_vfs_syncs(void) { return atomic_load(&syncs); }
 long hop_fault_vfs_faults(void) { return atomic_load(&faults); }
+int hop_fault_vfs_faulted_call(void) { return atomic_load(&faulted_call); }

@@ -11,11 +11,14 @@ import Testing
 /// I/O faults injected at every write, sync, truncate and file-size call of the start-up flow
 /// in turn, the way SQLite tests itself: each fault is a clear error, leaves nothing
 /// half-written and the file sound, and once it is cleared the run ends as if nothing happened.
+/// The one call SQLite does without, cutting the write-ahead log back to its limit after a
+/// commit (`journal_size_limit`: its size, then a truncation), changes nothing when it fails.
 @Suite(.serialized) struct FaultInjectionTests {
     @Test(arguments: [SQLITE_IOERR | (3 << 8) /* SQLITE_IOERR_WRITE */, SQLITE_FULL])
     func aFaultAtEveryCallIsAClearErrorAndTheRunResumesToTheSameHistory(code: Int32) async throws {
         var n = 0
         var faultsSeen = 0
+        var faultsIgnored = 0
         while true {
             n += 1
             #expect(n < 400, "the flow never ran without hitting the fault")
@@ -39,6 +42,7 @@ import Testing
                 thrown = error
             }
             let hit = hop_fault_vfs_faults() > 0
+            let call = UnicodeScalar(UInt8(truncatingIfNeeded: hop_fault_vfs_faulted_call()))
             hop_fault_vfs_fail_at(0, 0)
             if !hit {
                 // Past the last counted call: the run went through untouched.
@@ -63,6 +67,13 @@ import Testing
                 let row = try #require(try await store.run(id: runID))
                 if row.status == .completed {
                     #expect(partial == referencePath, "fault \(n): completed with \(partial)")
+                    if logged.isEmpty {
+                        // A fault SQLite did without: only the log's cut back to its limit.
+                        #expect(call == "f" || call == "t", "fault \(n) of a '\(call)' call changed nothing")
+                        #expect(try await store.integrityCheck() == ["ok"], "fault \(n)")
+                        faultsIgnored += 1
+                        continue
+                    }
                 } else {
                     #expect(!logged.isEmpty, "fault \(n): the run stopped without an error")
                 }
@@ -80,6 +91,7 @@ import Testing
             #expect(try await historyPath(reopened, runID: run.id) == referencePath, "fault \(n)")
         }
         #expect(faultsSeen > 20, "only \(faultsSeen) calls were faulted")
+        #expect(faultsIgnored <= 2, "\(faultsIgnored) of \(faultsSeen) faults changed nothing")
     }
 
     @Test func creatingADatabaseOnAFullDiskLeavesNoFileBehind() async throws {

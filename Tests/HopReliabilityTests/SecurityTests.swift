@@ -94,6 +94,7 @@ import Testing
         let allowed: Set<String> = [
             "RunRecord.columns", "RunHead.columns", "HistoryEntry.columns", "filter",
             #"durability == .full ? "FULL" : "NORMAL""#,
+            "Self.walSizeLimit",  // the write-ahead log's size limit, a constant (Connection)
             "claimable",  // a constant condition around a constant selection (HopStore+Ownership)
             "selection",  // the constant condition that picks the runs a claim takes (HopStore+Ownership)
             "flowsSQL", "flowsTable",  // the constant table of flow names (HopStore+RunQueries)

@@ -31,4 +31,8 @@ long hop_fault_vfs_syncs(void);
 /// Faults injected since the last arming.
 long hop_fault_vfs_faults(void);
 
+/// The kind of call the last fault failed: 'w' (write), 's' (sync), 't' (truncate), 'f' (file
+/// size); 0 when none failed since the last arming.
+int hop_fault_vfs_faulted_call(void);
+
 #endif
