@@ -339,8 +339,9 @@ import Testing
         #expect(order[0] >= 0 && order[0] < order[1], "refused before the runs are resumed: \(said)")
     }
 
-    /// A negative age or number of runs to keep is a mistake, not "keep none": taken as zero, it
-    /// removed every finished run, each subject's latest too, as soon as it finished.
+    /// A negative age or number of runs to keep is a mistake, not "keep none": taken as zero, a
+    /// negative age removed every run as soon as it finished, a negative `keepLast` each
+    /// subject's latest run.
     @Test(arguments: [
         (HopEngine.Retention(finishedAfter: .zero, keepLast: -1, interval: .zero), "keepLast"),
         (HopEngine.Retention(finishedAfter: .seconds(-60), keepLast: 0, interval: .zero), "finishedAfter"),
