@@ -165,9 +165,11 @@ extension HopEngine {
             self.interval = interval
         }
 
-        /// Refuses a negative ``finishedAfter`` or ``keepLast``, each a mistake: taken as zero, the
-        /// first removes every run as soon as it finishes, the second each subject's latest run.
+        /// Refuses a ``flow`` that is no name, and a negative ``finishedAfter`` or ``keepLast``, each
+        /// a mistake: taken as zero, the first removes every run as soon as it finishes, the
+        /// second each subject's latest run.
         func validate() throws {
+            if let flow { try Identifier.validate(flow, as: "flow name") }
             _ = try KeptRuns(keepLast: keepLast)  // refused as a prune refuses it
             if finishedAfter < .zero {
                 throw HopError(

@@ -317,7 +317,6 @@ extension HopEngine: Service {
     private func checkedRetention() -> Retention? {
         guard let retention = configuration.retention else { return nil }
         do {
-            if let flow = retention.flow { try Identifier.validate(flow, as: "flow name") }
             try retention.validate()
             return retention
         } catch {
