@@ -54,4 +54,29 @@ enum Fixtures {
         try raw.execute("COMMIT")
         try raw.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     }
+
+    /// Writes one run of the `loop` flow (subject `loop`) that went round its `tick` step
+    /// `laps` times, each a hop and an unhop, and is in flight at its next tick.
+    static func writeLoopRun(laps: Int, to path: String) throws {
+        let raw = try RawSQLite(path: path, synchronous: "NORMAL")
+        let now = Int64(Date().timeIntervalSince1970 * 1000)
+        try raw.execute("BEGIN IMMEDIATE")
+        try raw.run(
+            """
+            INSERT INTO runs (id, flow, subject, flow_version, status, current_step, current_token, created_at, updated_at)
+            VALUES (1, 'loop', 'loop', '1', 'running', 'tick', ?1, ?2, ?2)
+            """,
+            [.text("t\(laps)"), .integer(now)])
+        var seq: Int64 = 0
+        for lap in 0...laps {
+            for kind in lap < laps ? ["hop", "unhop"] : ["hop"] {
+                seq += 1
+                try raw.run(
+                    "INSERT INTO history (run_id, seq, kind, step, token, value, at) VALUES (1, ?1, ?2, 'tick', ?3, NULL, ?4)",
+                    [.integer(seq), .text(kind), .text("t\(lap)"), .integer(now)])
+            }
+        }
+        try raw.execute("COMMIT")
+        try raw.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    }
 }

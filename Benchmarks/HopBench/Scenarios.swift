@@ -21,6 +21,7 @@ struct Scenarios {
         case "startup-flow": try await startupFlow(durability: .full, prefix: name)
         case "startup-flow-normal": try await startupFlow(durability: .normal, prefix: name)
         case "resume": try await resume()
+        case "long-history": try await longHistory()
         case "hopctl": try await hopctl()
         case "parked-memory": try await parkedMemory()
         case "parked-memory-restart": try await parkedMemoryRestart()
@@ -224,6 +225,44 @@ struct Scenarios {
             Figure("resume.peak-memory", memory.peak, "MiB"),
             Figure("resume.memory-before", before, "MiB"),
         ]
+    }
+
+    // MARK: long-history
+
+    /// One run that went round a loop many times (a hop and an unhop each lap), resumed: how long
+    /// its replay takes and what memory it needs, by the length of its history.
+    private func longHistory() async throws -> [Figure] {
+        var figures: [Figure] = []
+        for laps in quick ? [10_000] : [10_000, 100_000, 500_000] {
+            let database = path("long-history-\(laps).sqlite")
+            _ = try await Fixtures.hopDatabase(database)
+            try Fixtures.writeLoopRun(laps: laps, to: database)
+            Measure.releaseFreeMemory()
+            let before = Measure.memory().resident
+            Measure.resetPeakMemory()
+            let entered = Atomic<Bool>(false)
+            let engine = engine(try await HopStore.open(path: database))
+            engine.register(
+                Flow("loop", version: "1") { flow in
+                    while true { try await flow.hop(to: "tick") }
+                })
+            engine.register(step: "tick") { context in
+                if context.isReentry { entered.store(true, ordering: .relaxed) }
+                try await Task.sleep(for: .seconds(3600))
+            }
+            let service = Task { try await engine.run() }
+            let seconds = try await Measure.seconds {
+                try await Measure.waitUntil("the looping run re-entered its step") { entered.load(ordering: .relaxed) }
+            }
+            let memory = Measure.memory()
+            service.cancel()
+            _ = try? await service.value
+            figures += [
+                Figure("long-history.\(laps).seconds", seconds, "s"),
+                Figure("long-history.\(laps).peak-memory", memory.peak - before, "MiB"),
+            ]
+        }
+        return figures
     }
 
     // MARK: hopctl

@@ -149,10 +149,13 @@ extension HopStore {
         let list = Self.jsonList(runIDs)
         var histories: [Int64: [HistoryEntry]] = [:]
         histories.reserveCapacity(runIDs.count)
-        for event in try connection.query(
+        // Each row goes straight into its run's history: no array of every row first (a run
+        // that looped for years holds millions of entries, and that array would double them).
+        try connection.forEachRow(
             "SELECT \(HistoryEntry.columns) FROM history WHERE run_id IN (SELECT value FROM json_each(?1)) ORDER BY run_id, seq",
-            [.text(list)], operation: "read the histories of \(runIDs.count) runs", HistoryEntry.init(row:))
-        {
+            [.text(list)], operation: "read the histories of \(runIDs.count) runs"
+        ) { row in
+            let event = HistoryEntry(row: row)
             histories[event.runID, default: []].append(event)
         }
         return histories
