@@ -201,6 +201,7 @@ let package = Package(
             name: "hopctlTests",
             dependencies: [
                 "HopEngine", "HopTestSupport", "HopctlCommands", "hopctl", "hopctl-postgres", "hop-test-daemon",
+                "hop-test-store",
             ]
         ),
         .testTarget(

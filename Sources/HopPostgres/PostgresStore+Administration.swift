@@ -59,6 +59,13 @@ extension PostgresStore: HopAdministration {
             RunRecord.init(pg:))
     }
 
+    package func history(runID: Int64, after: Int64, through: Int64, limit: Int) async throws -> [HistoryEntry] {
+        try await read(
+            "SELECT \(HistoryEntry.pgColumns) FROM history WHERE run_id = $1 AND seq > $2 AND seq <= $3 ORDER BY seq LIMIT $4",
+            [.int(runID), .int(after), .int(through), .int(Int64(max(0, limit)))],
+            operation: "read history of run \(runID)", HistoryEntry.init(pg:))
+    }
+
     package func hopGraph(flow: String) async throws -> [HopEdge] {
         try validate(flow, as: "flow name")
         return try await read(

@@ -32,6 +32,12 @@ import Synchronization
 //        hop-test-store earlier-boot PATH
 //                                       moves every lease and deadline kept by the uptime clock to
 //                                       another boot, as if the machine had restarted since
+//        hop-test-store peak-memory FILE COMMAND [ARGUMENTS…]
+//                                       runs COMMAND with this process's standard input, output and
+//                                       error, writes its peak resident memory in KiB to FILE, and
+//                                       exits with its status. (A test process cannot measure this
+//                                       itself: a process it spawns starts as its copy, and Linux
+//                                       counts the test process's own peak as the child's.)
 // HOP_TEST_UMASK=<octal> sets the process's umask first.
 
 if let mask = ProcessInfo.processInfo.environment["HOP_TEST_UMASK"], let value = mode_t(mask, radix: 8) {
@@ -166,6 +172,27 @@ if arguments.count == 4, arguments[1] == "write-loop", let busy = Int(arguments[
         FileHandle.standardError.write(Data("\(error)\n".utf8))
         exit(1)
     }
+}
+if arguments.count >= 4, arguments[1] == "peak-memory" {
+    var pid: pid_t = 0
+    let argv = arguments[3...].map { strdup($0) } + [nil]
+    defer { for pointer in argv { free(pointer) } }
+    let spawned = posix_spawn(&pid, arguments[3], nil, nil, argv, environ)
+    guard spawned == 0 else {
+        FileHandle.standardError.write(
+            Data("cannot start \(arguments[3]): \(String(cString: strerror(spawned)))\n".utf8))
+        exit(1)
+    }
+    var status: Int32 = 0
+    var usage = rusage()
+    while wait4(pid, &status, 0, &usage) < 0 {
+        guard errno == EINTR else { exit(1) }
+    }
+    guard (try? "\(usage.ru_maxrss)\n".write(toFile: arguments[2], atomically: true, encoding: .utf8)) != nil else {
+        FileHandle.standardError.write(Data("cannot write \(arguments[2])\n".utf8))
+        exit(1)
+    }
+    exit((status & 0x7f) == 0 ? (status >> 8) & 0xff : 128 + (status & 0x7f))
 }
 guard arguments.count == 3, ["migrate", "migrate-newer", "modes", "hold-lock", "hold-read"].contains(arguments[1])
 else {

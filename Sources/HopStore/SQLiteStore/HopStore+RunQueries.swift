@@ -143,6 +143,15 @@ extension HopStore {
             [.integer(runID)], operation: "read history of run \(runID)", HistoryEntry.init(row:))
     }
 
+    /// The entries of run `runID` after entry `after` and up to entry `through`, in order, at most
+    /// `limit` (one search of history's primary key).
+    package func history(runID: Int64, after: Int64, through: Int64, limit: Int) throws -> [HistoryEntry] {
+        try connection.query(
+            "SELECT \(HistoryEntry.columns) FROM history WHERE run_id = ?1 AND seq > ?2 AND seq <= ?3 ORDER BY seq LIMIT ?4",
+            [.integer(runID), .integer(after), .integer(through), .integer(Int64(max(0, limit)))],
+            operation: "read history of run \(runID)", HistoryEntry.init(row:))
+    }
+
     /// The histories of `runIDs`, each in order, read in one statement (for an engine resuming many runs).
     package func histories(runIDs: [Int64]) throws -> [Int64: [HistoryEntry]] {
         guard !runIDs.isEmpty else { return [:] }

@@ -19,6 +19,10 @@ package protocol HopAdministration: HopStorage {
     /// The runs of `flow` after run `after`, for every subject, oldest first, at most `limit`: a
     /// page of every run of the flow, for a reader that must not hold them all at once.
     func allRuns(flow: String, after: Int64, limit: Int) async throws -> [RunRecord]
+    /// The entries of run `runID` after entry `after` and up to entry `through`, in order, at most
+    /// `limit`: a page of a history too long to hold at once (a run that went round a loop for
+    /// years).
+    func history(runID: Int64, after: Int64, through: Int64, limit: Int) async throws -> [HistoryEntry]
     /// The hops observed in all runs of `flow`, with their counts.
     func hopGraph(flow: String) async throws -> [HopEdge]
     /// The patches whose new branch runs of `flow` took.

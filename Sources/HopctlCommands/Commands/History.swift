@@ -90,29 +90,103 @@ struct HistoryRequest: Equatable {
                     ?? "there is no run of flow '\(flow)' for subject '\(subject)'",
                 hint: "List runs with `hopctl status --flow \(flow)`")
         }
-        let entries = try await store.history(runID: record.id, limit: limit)
-        if json {
-            return try Output.json(
-                HistoryJSON(
-                    run: try await RunJSON.list([record], in: store)[0],
-                    entries: entries.map(HistoryJSON.Entry.init)))
+        if let limit {
+            let entries = try await store.history(runID: record.id, limit: limit)
+            return try await Self.printAtOnce(record, entries, json: json, in: store, now: store.now())
         }
-        Self.printTable(record, entries, now: store.now())
+        try await Self.printWhole(record, json: json, in: store)
+    }
+
+    /// Prints `run`'s history as it is now. Read a page of `page` entries at a time: a run that
+    /// went round a loop for years holds millions (held at once, about 450 bytes each in a table, 1 KiB
+    /// in JSON). The text is the same as the whole history printed at once: a table gets its
+    /// columns' widths from a first reading of every page, then prints them again page by page.
+    /// `now` (the database's by default) is what the table's times are relative to.
+    static func printWhole(
+        _ run: RunRecord, json: Bool, in store: any HopAdministration, page: Int = entryPage, now: Date? = nil,
+        write: @escaping (String) -> Void = { Output.line($0, terminator: "") }
+    ) async throws {
+        let now = now ?? store.now()
+        let first = try await store.history(runID: run.id, after: .min, through: .max, limit: page)
+        guard first.count == page, let last = try await store.history(runID: run.id, limit: 1).last?.seq else {
+            return try await printAtOnce(run, first, json: json, in: store, now: now, write: write)
+        }
+        // Every page up to the last entry there is now, again on the second reading: entries
+        // recorded meanwhile are left for the next command.
+        func forEachPage(_ body: ([HistoryEntry]) throws -> Void) async throws {
+            var entries = first
+            while true {
+                try body(entries)
+                guard let end = entries.last?.seq, end < last else { return }
+                entries = try await store.history(runID: run.id, after: end, through: last, limit: page)
+                guard !entries.isEmpty else {
+                    throw HopError(
+                        .notFound, operation: "history", path: store.location,
+                        reason: "run \(run.id) was removed while its history was read (a prune)",
+                        hint: "List runs with `hopctl status --flow \(run.flow)`")
+                }
+            }
+        }
+        if json {
+            let runJSON = try Output.jsonText(try await RunJSON.list([run], in: store)[0])
+            write("{\n  \"entries\" : ")
+            var array = Output.JSONArray(depth: 1, write: write)
+            try await forEachPage { entries in
+                for entry in entries { try array.append(HistoryJSON.Entry(entry)) }
+            }
+            array.finish()
+            let indented = runJSON.split(separator: "\n", omittingEmptySubsequences: false).joined(separator: "\n  ")
+            write(",\n  \"run\" : " + indented + "\n}\n")
+            return
+        }
+        var columns = Output.Columns(tableHeaders)
+        try await forEachPage { columns.widen(for: rows(of: $0, now: now)) }
+        write(title(run) + "\n" + columns.text(of: [tableHeaders]))
+        try await forEachPage { write(columns.text(of: rows(of: $0, now: now))) }
+    }
+
+    /// Prints `run` and `entries`, all of them at once.
+    private static func printAtOnce(
+        _ run: RunRecord, _ entries: [HistoryEntry], json: Bool, in store: any HopAdministration, now: Date,
+        write: (String) -> Void = { Output.line($0, terminator: "") }
+    ) async throws {
+        if json {
+            let history = HistoryJSON(
+                run: try await RunJSON.list([run], in: store)[0], entries: entries.map(HistoryJSON.Entry.init))
+            return write(try Output.jsonText(history) + "\n")
+        }
+        printTable(run, entries, now: now, write: write)
+    }
+
+    /// Entries of one run read at a time by ``printWhole(_:json:in:page:now:write:)``.
+    static let entryPage = 5000
+
+    private static let tableHeaders = ["SEQ", "KIND", "STEP", "VALUE", "AT"]
+
+    /// The line that names a run above its table.
+    private static func title(_ run: RunRecord) -> String {
+        "run \(run.id) of \(Output.printable(run.flow)) for \(Output.printable(run.subject)): \(run.status.rawValue)"
+    }
+
+    /// `entries` as the table's rows, each cell printable.
+    private static func rows(of entries: [HistoryEntry], now: Date) -> [[String]] {
+        entries.map {
+            [
+                "\($0.seq)", $0.kind.rawValue, $0.step ?? "-", Output.abbreviated($0.value ?? ""),
+                Output.relative($0.at, now: now),
+            ].map(Output.printable)
+        }
     }
 
     /// One run's history for people: a line naming the run, then a table of its entries.
-    private static func printTable(_ run: RunRecord, _ entries: [HistoryEntry], now: Date) {
-        Output.line(
-            "run \(run.id) of \(Output.printable(run.flow)) for \(Output.printable(run.subject)): \(run.status.rawValue)"
-        )
-        Output.table(
-            ["SEQ", "KIND", "STEP", "VALUE", "AT"],
-            entries.map {
-                [
-                    "\($0.seq)", $0.kind.rawValue, $0.step ?? "-", Output.abbreviated($0.value ?? ""),
-                    Output.relative($0.at, now: now),
-                ]
-            })
+    private static func printTable(
+        _ run: RunRecord, _ entries: [HistoryEntry], now: Date,
+        write: (String) -> Void = { Output.line($0, terminator: "") }
+    ) {
+        var columns = Output.Columns(tableHeaders)
+        let rows = rows(of: entries, now: now)
+        columns.widen(for: rows)
+        write(title(run) + "\n" + columns.text(of: [tableHeaders] + rows))
     }
 
     /// The histories of every run of the flow, oldest first, read and printed `page` runs at a

@@ -11,19 +11,45 @@ import Glibc
 enum Output {
     /// Prints `rows` under `headers` as columns separated by two spaces.
     static func table(_ headers: [String], _ rows: [[String]]) {
-        let all = [headers] + rows.map { $0.map(printable) }
-        var widths = [Int](repeating: 0, count: headers.count)
-        for row in all {
-            for (index, cell) in row.enumerated() { widths[index] = max(widths[index], cell.count) }
-        }
-        var text = ""
-        for row in all {
-            let cells = row.enumerated().map { index, cell in
-                index == row.count - 1 ? cell : cell + String(repeating: " ", count: max(0, widths[index] - cell.count))
+        var columns = Columns(headers)
+        let rows = rows.map { $0.map(printable) }
+        columns.widen(for: rows)
+        line(columns.text(of: [headers] + rows), terminator: "")
+    }
+
+    /// The widths of a table's columns, which ``table(_:_:)`` takes from every row it prints: a
+    /// table too long to hold at once is printed a part at a time, once ``widen(for:)`` has seen
+    /// every part.
+    struct Columns {
+        private var widths: [Int]
+
+        /// The columns of `headers`, as wide as each header.
+        init(_ headers: [String]) { widths = headers.map(\.count) }
+
+        /// Widens the columns for `rows` (their cells already made ``Output/printable(_:)``).
+        mutating func widen(for rows: [[String]]) {
+            for row in rows {
+                for (index, cell) in row.enumerated() where index < widths.count {
+                    widths[index] = max(widths[index], cell.count)
+                }
             }
-            text += cells.joined(separator: "  ") + "\n"
         }
-        line(text, terminator: "")
+
+        /// `rows` as lines of the table: each cell but the last padded to its column's width.
+        func text(of rows: [[String]]) -> String {
+            var text = ""
+            for row in rows {
+                let cells = row.enumerated().map { index, cell in
+                    index == row.count - 1
+                        ? cell
+                        : cell
+                            + String(
+                                repeating: " ", count: max(0, (index < widths.count ? widths[index] : 0) - cell.count))
+                }
+                text += cells.joined(separator: "  ") + "\n"
+            }
+            return text
+        }
     }
 
     /// Prints `value` as pretty, key-sorted JSON.
@@ -58,10 +84,17 @@ enum Output {
         private var elements = 0
         private var pending: [UInt8] = []
         private let encoder = Output.jsonEncoder()
+        private let depth: Int
         private let write: (String) -> Void
 
-        /// - Parameter write: where the text goes (standard output unless a test says otherwise).
-        init(write: @escaping (String) -> Void = { Output.line($0, terminator: "") }) {
+        /// - Parameters:
+        ///   - depth: how deep the array is: 0 for the whole text, 1 for the value of a key of the
+        ///     object that is the whole text (written after the key by the caller; the array then
+        ///     ends without a newline, and the caller goes on with the object). An empty array
+        ///     is written `[]` at any depth.
+        ///   - write: where the text goes (standard output unless a test says otherwise).
+        init(depth: Int = 0, write: @escaping (String) -> Void = { Output.line($0, terminator: "") }) {
+            self.depth = depth
             self.write = write
         }
 
@@ -69,15 +102,16 @@ enum Output {
         mutating func append(_ element: some Encodable) throws {
             let bytes = try encoder.encode(element)
             pending.append(contentsOf: (elements == 0 ? "[\n" : ",\n").utf8)
-            // One level deeper than on its own: each line but an empty one indented by two spaces.
+            // One level deeper than the array: each line but an empty one indented by two spaces
+            // a level.
             let newline = UInt8(ascii: "\n")
             let space = UInt8(ascii: " ")
+            let indent = 2 * (depth + 1)
             bytes.withUnsafeBytes { text in
                 var lineStarts = true
                 for byte in text {
                     if lineStarts && byte != newline {
-                        pending.append(space)
-                        pending.append(space)
+                        for _ in 0..<indent { pending.append(space) }
                     }
                     pending.append(byte)
                     lineStarts = byte == newline
@@ -89,7 +123,9 @@ enum Output {
 
         /// Closes the array and writes what is left.
         mutating func finish() {
-            pending.append(contentsOf: (elements == 0 ? "[]\n" : "\n]\n").utf8)
+            let close = String(repeating: " ", count: 2 * depth) + "]"
+            let end = depth == 0 ? "\n" : ""
+            pending.append(contentsOf: (elements == 0 ? "[]\(end)" : "\n\(close)\(end)").utf8)
             flush()
         }
 
@@ -106,6 +142,8 @@ enum Output {
 
     /// `text` with control characters shown as escapes, so stored data cannot drive the terminal.
     static func printable(_ text: String) -> String {
+        // Most text is printable ASCII: kept as it is without a look at each character's category.
+        if text.utf8.allSatisfy({ $0 >= 0x20 && $0 < 0x7F }) { return text }
         var result = ""
         for scalar in text.unicodeScalars {
             if scalar.properties.generalCategory == .control {

@@ -1,0 +1,118 @@
+import Foundation
+import HopStore
+import HopTestSupport
+import Testing
+
+@testable import HopctlCommands
+
+/// `hopctl history` of a run that went round a loop for a long time: a device's flow that looped
+/// every minute for a year holds a million history entries, and an operator who lists them on a
+/// small board must not run it out of memory.
+@Suite struct LongHistoryTests {
+    /// A database whose run 1 (flow `loop`, subject `s`) went round its `tick` step `laps` times,
+    /// a hop and an unhop each lap, and is in flight at its next tick.
+    static func loopRun(laps: Int, in store: any HopAdministration) async throws {
+        var entries: [HistoryEntry] = []
+        entries.reserveCapacity(2 * laps + 1)
+        let at = Date(timeIntervalSince1970: 1_700_000_000)
+        for seq in 1...Int64(2 * laps + 1) {
+            entries.append(
+                .recorded(
+                    runID: 1, seq: seq, kind: seq % 2 == 1 ? .hop : .unhop, step: "tick", token: "t\(seq / 2)",
+                    value: nil, at: at))
+        }
+        try await store.restore(
+            HopSnapshot(
+                runs: [
+                    RunRecord(
+                        id: 1, flow: "loop", subject: "s", flowVersion: "1", status: .running, currentStep: "tick")
+                ],
+                history: entries, firstUse: [], sessions: [], facts: []))
+    }
+
+    @Test func theHistoryOfALongRunIsPrintedInTheMemoryOfAPageOfIt() async throws {
+        let folder = try TemporaryDirectory()
+        let laps = 80_000
+        try await Self.loopRun(laps: laps, in: try await HopStore.open(path: folder.database))
+        let peakFile = folder.path("peak")
+        for json in [false, true] {
+            let arguments =
+                ["peak-memory", peakFile, builtProduct("hopctl"), "history", "--flow", "loop", "--subject", "s"]
+                + ["--db", folder.database] + (json ? ["--json"] : [])
+            // A debug build beside the whole suite on 2 cores: far slower than alone (3 s).
+            let result = try await run("hop-test-store", arguments, in: folder, timeout: .seconds(300))
+            #expect(result.status == 0, "\(result.stderr)")
+            let peakMiB =
+                try #require(
+                    Double(
+                        try String(contentsOfFile: peakFile, encoding: .utf8).trimmingCharacters(
+                            in: .whitespacesAndNewlines))) / 1024
+            if json {
+                let object = try #require(
+                    try JSONSerialization.jsonObject(with: Data(result.stdout.utf8)) as? [String: Any])
+                let entries = try #require(object["entries"] as? [[String: Any]])
+                #expect(entries.count == 2 * laps + 1)
+                #expect(entries.last?["seq"] as? Int == 2 * laps + 1)
+                #expect((object["run"] as? [String: Any])?["run"] as? Int == 1)
+            } else {
+                let lines = result.stdout.split(separator: "\n")
+                #expect(lines.count == 2 + 2 * laps + 1)  // the run's line, the header, the entries
+                #expect(lines.last?.hasPrefix("\(2 * laps + 1)  hop ") == true, "\(lines.last ?? "")")
+            }
+            // The whole history held at once took 71 MiB as a table and 170 MiB as JSON here
+            // (128 and 307 MiB at 150,000 laps); a page of entries at a time holds a few MiB beside
+            // the process's own 20.
+            #expect(peakMiB < 40, "hopctl history\(json ? " --json" : "") peaked at \(peakMiB) MiB")
+        }
+    }
+
+    /// A history read a page at a time prints the same text as the whole history read at once,
+    /// whichever page holds the widest cell of a column.
+    @Test(arguments: TestBackend.all) func aHistoryReadAPageAtATimePrintsWhatTheWholeHistoryPrints(
+        backend: TestBackend
+    ) async throws {
+        let folder = try TemporaryDirectory()
+        let store = try await backend.open(folder)
+        let at = Date(timeIntervalSince1970: 1_700_000_000)
+        let steps = [
+            "a", "b", "a-much-longer-step-name", "c\u{7}bell", "d", "e", "the-widest-step-of-all-in-the-last-page",
+        ]
+        var entries: [HistoryEntry] = []
+        for (index, step) in steps.enumerated() {
+            let seq = Int64(index + 1)
+            let value: String? =
+                switch index % 3 {
+                case 0: nil
+                case 1: #"{"ok":true,"list":[1,2],"text":"line\nbreak"}"#
+                default: String(repeating: "long output ", count: 10)
+                }
+            entries.append(
+                .recorded(
+                    runID: 1, seq: seq, kind: index % 2 == 0 ? .hop : .unhop, step: step, token: "t\(index)",
+                    value: value, at: at.addingTimeInterval(Double(index) * 3700)))
+        }
+        entries.append(.recorded(runID: 1, seq: 8, kind: .complete, step: nil, value: nil, at: at))
+        try await store.restore(
+            HopSnapshot(
+                runs: [RunRecord(id: 1, flow: "loop", subject: "s", flowVersion: "1", status: .completed)],
+                history: entries, firstUse: [], sessions: [], facts: []))
+        let run = try #require(try await store.run(id: 1))
+        let now = at.addingTimeInterval(86_400 * 3)
+        for json in [false, true] {
+            var whole = ""
+            try await HistoryRequest.printWhole(run, json: json, in: store, page: 100, now: now) { whole += $0 }
+            for page in [1, 2, 3, 7, 8] {
+                var paged = ""
+                try await HistoryRequest.printWhole(run, json: json, in: store, page: page, now: now) { paged += $0 }
+                #expect(paged == whole, "json: \(json), page: \(page)\n\(paged)\n---\n\(whole)")
+            }
+            if json {
+                let object = try #require(try JSONSerialization.jsonObject(with: Data(whole.utf8)) as? [String: Any])
+                #expect((object["entries"] as? [Any])?.count == 8)
+            } else {
+                #expect(whole.split(separator: "\n").count == 10, "\(whole)")  // the run's line, the header, 8 entries
+                #expect(whole.contains("the-widest-step-of-all-in-the-last-page"))
+            }
+        }
+    }
+}
