@@ -97,6 +97,16 @@ import Testing
                 runs: [RunRecord(id: 1, flow: "loop", subject: "s", flowVersion: "1", status: .completed)],
                 history: entries, firstUse: [], sessions: [], facts: []))
         let run = try #require(try await store.run(id: 1))
+        // The embedder's way to page through a history: the same entries, page after page.
+        for page in [1, 3, 8, 9] {
+            var paged: [HistoryEntry] = []
+            while true {
+                let next = try await HopDatabase(store).history(runID: 1, after: paged.last?.seq ?? 0, limit: page)
+                paged += next
+                if next.count < page { break }
+            }
+            #expect(paged == entries, "pages of \(page)")
+        }
         let now = at.addingTimeInterval(86_400 * 3)
         for json in [false, true] {
             var whole = ""

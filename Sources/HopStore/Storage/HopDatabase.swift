@@ -37,6 +37,13 @@ public struct HopDatabase: Sendable {
         try await storage.history(runID: runID, limit: limit)
     }
 
+    /// The entries of run `runID` after entry `after` (0: from the first), in order, at most
+    /// `limit`: a long history a page at a time, the next page after the last entry of this one
+    /// (a run that went round a loop for years holds millions of entries).
+    public func history(runID: Int64, after: Int64, limit: Int) async throws -> [HistoryEntry] {
+        try await storage.history(runID: runID, after: after, through: .max, limit: limit)
+    }
+
     /// The time by the database's clock: this machine's for a file, the server's (as last
     /// measured) for PostgreSQL. Session expiry and deadlines are judged by it.
     public func now() -> Date { storage.now() }
