@@ -66,6 +66,17 @@ extension PostgresStore: HopAdministration {
             operation: "read history of run \(runID)", HistoryEntry.init(pg:))
     }
 
+    package func historyLengths(runIDs: [Int64]) async throws -> [Int64: Int64] {
+        guard !runIDs.isEmpty else { return [:] }
+        let rows = try await read(
+            """
+            SELECT r.id, coalesce((SELECT max(h.seq) FROM history h WHERE h.run_id = r.id), 0)
+            FROM unnest($1::bigint[]) AS r(id)
+            """, [.ints(runIDs)], operation: "read the lengths of \(runIDs.count) histories"
+        ) { (try $0.int64(0), try $0.int64(1)) }
+        return Dictionary(rows, uniquingKeysWith: { first, _ in first })
+    }
+
     package func hopGraph(flow: String) async throws -> [HopEdge] {
         try validate(flow, as: "flow name")
         return try await read(

@@ -35,10 +35,11 @@ import Testing
         let laps = 80_000
         try await Self.loopRun(laps: laps, in: try await HopStore.open(path: folder.database))
         let peakFile = folder.path("peak")
-        for json in [false, true] {
+        for (json, allRuns) in [(false, false), (true, false), (false, true), (true, true)] {
             let arguments =
-                ["peak-memory", peakFile, builtProduct("hopctl"), "history", "--flow", "loop", "--subject", "s"]
-                + ["--db", folder.database] + (json ? ["--json"] : [])
+                ["peak-memory", peakFile, builtProduct("hopctl"), "history", "--flow", "loop"]
+                + (allRuns ? ["--all-runs"] : ["--subject", "s"]) + ["--db", folder.database]
+                + (json ? ["--json"] : [])
             // A debug build beside the whole suite on 2 cores: far slower than alone (3 s).
             let result = try await run("hop-test-store", arguments, in: folder, timeout: .seconds(300))
             #expect(result.status == 0, "\(result.stderr)")
@@ -48,8 +49,8 @@ import Testing
                         try String(contentsOfFile: peakFile, encoding: .utf8).trimmingCharacters(
                             in: .whitespacesAndNewlines))) / 1024
             if json {
-                let object = try #require(
-                    try JSONSerialization.jsonObject(with: Data(result.stdout.utf8)) as? [String: Any])
+                let parsed = try JSONSerialization.jsonObject(with: Data(result.stdout.utf8))
+                let object = try #require(allRuns ? (parsed as? [[String: Any]])?.first : parsed as? [String: Any])
                 let entries = try #require(object["entries"] as? [[String: Any]])
                 #expect(entries.count == 2 * laps + 1)
                 #expect(entries.last?["seq"] as? Int == 2 * laps + 1)
@@ -62,7 +63,7 @@ import Testing
             // The whole history held at once took 71 MiB as a table and 170 MiB as JSON here
             // (128 and 307 MiB at 150,000 laps); a page of entries at a time holds a few MiB beside
             // the process's own 20.
-            #expect(peakMiB < 40, "hopctl history\(json ? " --json" : "") peaked at \(peakMiB) MiB")
+            #expect(peakMiB < 40, "hopctl history \(arguments.dropFirst(3)) peaked at \(peakMiB) MiB")
         }
     }
 
@@ -122,6 +123,58 @@ import Testing
             } else {
                 #expect(whole.split(separator: "\n").count == 10, "\(whole)")  // the run's line, the header, 8 entries
                 #expect(whole.contains("the-widest-step-of-all-in-the-last-page"))
+            }
+        }
+    }
+
+    /// `--all-runs` reads short runs' histories many runs at a time, and a long run's on its own a
+    /// page at a time: the same text as reading every history at once.
+    @Test(arguments: TestBackend.all) func allRunsReadInBatchesAndPagesPrintWhatAllAtOncePrints(
+        backend: TestBackend
+    ) async throws {
+        let folder = try TemporaryDirectory()
+        let store = try await backend.open(folder)
+        let at = Date(timeIntervalSince1970: 1_700_000_000)
+        // Runs 1…6 of 3, 12, 1, 0, 8 and 5 entries: with pages of 5 entries, runs 2 and 5 are long.
+        let lengths = [3, 12, 1, 0, 8, 5]
+        var runs: [RunRecord] = []
+        var entries: [HistoryEntry] = []
+        for (index, length) in lengths.enumerated() {
+            let id = Int64(index + 1)
+            runs.append(
+                RunRecord(
+                    id: id, flow: "loop", subject: "s\(index % 2)", flowVersion: "1",
+                    status: index == 1 ? .running : .completed, currentStep: index == 1 ? "step-\(length - 1)" : nil))
+            for seq in 0..<length {
+                entries.append(
+                    .recorded(
+                        runID: id, seq: Int64(seq + 1), kind: seq % 2 == 0 ? .hop : .unhop,
+                        step: String(repeating: "s", count: 1 + (seq * 7 + index) % 23), token: "t\(seq / 2)",
+                        value: seq % 3 == 0 ? #"{"n":\#(seq)}"# : nil, at: at.addingTimeInterval(Double(seq) * 3700)))
+            }
+        }
+        runs[1].currentToken = "t5"  // run 2 is in flight at its entry 11, the hop of token t5
+        try await store.restore(HopSnapshot(runs: runs, history: entries, firstUse: [], sessions: [], facts: []))
+        #expect(try await store.historyLengths(runIDs: [1, 2, 4, 99]) == [1: 3, 2: 12, 4: 0, 99: 0])
+        let now = at.addingTimeInterval(86_400 * 3)
+        for json in [false, true] {
+            let request = HistoryRequest(
+                db: nil, json: json, subject: "default", flow: "loop", run: nil, limit: nil, allRuns: true)
+            var atOnce = ""
+            try await request.printAllRuns(store, entryPage: 100, batchEntries: 100, now: now) { atOnce += $0 }
+            for (entryPage, batchEntries) in [(5, 5), (5, 9), (7, 1), (11, 50)] {
+                var paged = ""
+                try await request.printAllRuns(store, entryPage: entryPage, batchEntries: batchEntries, now: now) {
+                    paged += $0
+                }
+                #expect(paged == atOnce, "json: \(json), pages of \(entryPage), batches of \(batchEntries)")
+            }
+            if json {
+                let array = try #require(try JSONSerialization.jsonObject(with: Data(atOnce.utf8)) as? [[String: Any]])
+                #expect(array.map { ($0["entries"] as? [Any])?.count ?? -1 } == lengths)
+                #expect((array[1]["run"] as? [String: Any])?["current_step_entry"] as? Int == 11)
+            } else {
+                #expect(atOnce.components(separatedBy: "run ").count - 1 == lengths.count, "\(atOnce)")
             }
         }
     }

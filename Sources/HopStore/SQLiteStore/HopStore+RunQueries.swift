@@ -152,6 +152,17 @@ extension HopStore {
             operation: "read history of run \(runID)", HistoryEntry.init(row:))
     }
 
+    /// The sequence number of the last entry of each of `runIDs`, by run; 0 for a run without
+    /// entries (a search of history's primary key for each).
+    package func historyLengths(runIDs: [Int64]) throws -> [Int64: Int64] {
+        guard !runIDs.isEmpty else { return [:] }
+        let rows = try connection.query(
+            "SELECT r.value, coalesce((SELECT max(h.seq) FROM history h WHERE h.run_id = r.value), 0) FROM json_each(?1) r",
+            [.text(Self.jsonList(runIDs))], operation: "read the lengths of \(runIDs.count) histories"
+        ) { ($0.int64(0), $0.int64(1)) }
+        return Dictionary(rows, uniquingKeysWith: { first, _ in first })
+    }
+
     /// The histories of `runIDs`, each in order, read in one statement (for an engine resuming many runs).
     package func histories(runIDs: [Int64]) throws -> [Int64: [HistoryEntry]] {
         guard !runIDs.isEmpty else { return [:] }

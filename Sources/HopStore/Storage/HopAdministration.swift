@@ -23,6 +23,9 @@ package protocol HopAdministration: HopStorage {
     /// `limit`: a page of a history too long to hold at once (a run that went round a loop for
     /// years).
     func history(runID: Int64, after: Int64, through: Int64, limit: Int) async throws -> [HistoryEntry]
+    /// The sequence number of the last entry of each of `runIDs` (how many entries it has), by
+    /// run; 0 for a run without entries.
+    func historyLengths(runIDs: [Int64]) async throws -> [Int64: Int64]
     /// The hops observed in all runs of `flow`, with their counts.
     func hopGraph(flow: String) async throws -> [HopEdge]
     /// The patches whose new branch runs of `flow` took.

@@ -97,9 +97,9 @@ struct HistoryRequest: Equatable {
         try await Self.printWhole(record, json: json, in: store)
     }
 
-    /// Prints `run`'s history as it is now. Read a page of `page` entries at a time: a run that
-    /// went round a loop for years holds millions (held at once, about 450 bytes each in a table, 1 KiB
-    /// in JSON). The text is the same as the whole history printed at once: a table gets its
+    /// Prints `run`'s history as it is now, read a page of `page` entries at a time: a run that
+    /// went round a loop for years holds millions (held at once, about 450 bytes each in a table,
+    /// 1 KiB in JSON). The text is the same as the whole history printed at once: a table gets its
     /// columns' widths from a first reading of every page, then prints them again page by page.
     /// `now` (the database's by default) is what the table's times are relative to.
     static func printWhole(
@@ -107,42 +107,15 @@ struct HistoryRequest: Equatable {
         write: @escaping (String) -> Void = { Output.line($0, terminator: "") }
     ) async throws {
         let now = now ?? store.now()
-        let first = try await store.history(runID: run.id, after: .min, through: .max, limit: page)
-        guard first.count == page, let last = try await store.history(runID: run.id, limit: 1).last?.seq else {
-            return try await printAtOnce(run, first, json: json, in: store, now: now, write: write)
-        }
-        // Every page up to the last entry there is now, again on the second reading: entries
-        // recorded meanwhile are left for the next command.
-        func forEachPage(_ body: ([HistoryEntry]) throws -> Void) async throws {
-            var entries = first
-            while true {
-                try body(entries)
-                guard let end = entries.last?.seq, end < last else { return }
-                entries = try await store.history(runID: run.id, after: end, through: last, limit: page)
-                guard !entries.isEmpty else {
-                    throw HopError(
-                        .notFound, operation: "history", path: store.location,
-                        reason: "run \(run.id) was removed while its history was read (a prune)",
-                        hint: "List runs with `hopctl status --flow \(run.flow)`")
-                }
-            }
+        let pages = try await HistoryPages(of: run, in: store, page: page)
+        if pages.isWhole {
+            return try await printAtOnce(run, pages.first, json: json, in: store, now: now, write: write)
         }
         if json {
-            let runJSON = try Output.jsonText(try await RunJSON.list([run], in: store)[0])
-            write("{\n  \"entries\" : ")
-            var array = Output.JSONArray(depth: 1, write: write)
-            try await forEachPage { entries in
-                for entry in entries { try array.append(HistoryJSON.Entry(entry)) }
-            }
-            array.finish()
-            let indented = runJSON.split(separator: "\n", omittingEmptySubsequences: false).joined(separator: "\n  ")
-            write(",\n  \"run\" : " + indented + "\n}\n")
-            return
+            try await writeJSON(run, pages, depth: 0, in: store, write: write)
+            return write("\n")
         }
-        var columns = Output.Columns(tableHeaders)
-        try await forEachPage { columns.widen(for: rows(of: $0, now: now)) }
-        write(title(run) + "\n" + columns.text(of: [tableHeaders]))
-        try await forEachPage { write(columns.text(of: rows(of: $0, now: now))) }
+        try await printTable(run, pages, now: now, write: write)
     }
 
     /// Prints `run` and `entries`, all of them at once.
@@ -156,6 +129,25 @@ struct HistoryRequest: Equatable {
             return write(try Output.jsonText(history) + "\n")
         }
         printTable(run, entries, now: now, write: write)
+    }
+
+    /// Writes `run`'s history as the object ``HistoryJSON`` encodes to, a page at a time, for
+    /// `depth` (0: the whole text; 1: an element of the array of `--all-runs`): its lines but the
+    /// first indented two spaces a level, and no newline after it.
+    private static func writeJSON(
+        _ run: RunRecord, _ pages: HistoryPages, depth: Int, in store: any HopAdministration,
+        write: @escaping (String) -> Void
+    ) async throws {
+        let indent = String(repeating: "  ", count: depth)
+        let runJSON = try Output.jsonText(try await RunJSON.list([run], in: store)[0])
+        write("{\n\(indent)  \"entries\" : ")
+        var array = Output.JSONArray(depth: depth + 1, write: write)
+        try await pages.eachPage { entries in
+            for entry in entries { try array.append(HistoryJSON.Entry(entry)) }
+        }
+        array.finish()
+        let lines = runJSON.split(separator: "\n", omittingEmptySubsequences: false)
+        write(",\n\(indent)  \"run\" : " + lines.joined(separator: "\n\(indent)  ") + "\n\(indent)}")
     }
 
     /// Entries of one run read at a time by ``printWhole(_:json:in:page:now:write:)``.
@@ -189,24 +181,67 @@ struct HistoryRequest: Equatable {
         write(title(run) + "\n" + columns.text(of: [tableHeaders] + rows))
     }
 
+    /// ``printTable(_:_:now:write:)`` of a history read a page at a time: every page read once for
+    /// the columns' widths, then again to print it.
+    private static func printTable(
+        _ run: RunRecord, _ pages: HistoryPages, now: Date, write: (String) -> Void
+    ) async throws {
+        var columns = Output.Columns(tableHeaders)
+        try await pages.eachPage { columns.widen(for: rows(of: $0, now: now)) }
+        write(title(run) + "\n" + columns.text(of: [tableHeaders]))
+        try await pages.eachPage { write(columns.text(of: rows(of: $0, now: now))) }
+    }
+
     /// The histories of every run of the flow, oldest first, read and printed `page` runs at a
-    /// time: a flow of 1,000,000 runs took 8 GiB of memory in one read (1.3 GiB as a table).
-    private func printAllRuns(_ store: any HopAdministration) async throws {
+    /// time (a flow of 1,000,000 runs took 8 GiB of memory in one read, 1.3 GiB as a table), their
+    /// histories at most `batchEntries` entries at a time, and a run of more than `entryPage`
+    /// entries on its own, a page at a time. `now` (the database's by default) is what the
+    /// tables' times are relative to.
+    func printAllRuns(
+        _ store: any HopAdministration, entryPage: Int = Self.entryPage, batchEntries: Int = Self.batchEntries,
+        now: Date? = nil, write: @escaping (String) -> Void = { Output.line($0, terminator: "") }
+    ) async throws {
         try await requireFlow(flow, in: store, operation: "history")
-        var array = json ? Output.JSONArray() : nil
+        var array = json ? Output.JSONArray(write: write) : nil
         var after = Int64.min
         while true {
             let runs = try await store.allRuns(flow: flow, after: after, limit: Self.page)
-            let histories = try await store.histories(runIDs: runs.map(\.id))
-            for run in runs {
-                let entries = histories[run.id] ?? []
-                if array != nil {
-                    try array?.append(
-                        HistoryJSON(
-                            run: RunJSON(run, stepEntry: run.stepEntry(in: entries), now: store.now()),
-                            entries: entries.map(HistoryJSON.Entry.init)))
-                } else {
-                    Self.printTable(run, entries, now: store.now())
+            let lengths = try await store.historyLengths(runIDs: runs.map(\.id))
+            var next = runs[...]
+            while let run = next.first {
+                if lengths[run.id, default: 0] > entryPage {
+                    next = next.dropFirst()
+                    let pages = try await HistoryPages(of: run, in: store, page: entryPage)
+                    if array != nil {
+                        try await array?.appendWritten { write in
+                            try await Self.writeJSON(run, pages, depth: 1, in: store, write: write)
+                        }
+                    } else {
+                        try await Self.printTable(run, pages, now: now ?? store.now(), write: write)
+                    }
+                    continue
+                }
+                // The runs up to the next long one, as many as hold `batchEntries` entries (one at least).
+                var batch: [RunRecord] = []
+                var held = 0
+                while let run = next.first, case let length = Int(lengths[run.id, default: 0]), length <= entryPage,
+                    batch.isEmpty || held + length <= batchEntries
+                {
+                    batch.append(run)
+                    held += length
+                    next = next.dropFirst()
+                }
+                let histories = try await store.histories(runIDs: batch.map(\.id))
+                for run in batch {
+                    let entries = histories[run.id] ?? []
+                    if array != nil {
+                        try array?.append(
+                            HistoryJSON(
+                                run: RunJSON(run, stepEntry: run.stepEntry(in: entries), now: store.now()),
+                                entries: entries.map(HistoryJSON.Entry.init)))
+                    } else {
+                        Self.printTable(run, entries, now: now ?? store.now(), write: write)
+                    }
                 }
             }
             guard let last = runs.last, runs.count == Self.page else { break }
@@ -217,4 +252,50 @@ struct HistoryRequest: Equatable {
 
     /// Runs read at a time by `--all-runs`.
     static let page = 1000
+
+    /// History entries `--all-runs` reads at a time (of runs of at most ``entryPage`` entries).
+    static let batchEntries = 50_000
+}
+
+/// A run's history read a page at a time, up to the entry that was its last when the first page
+/// was read: entries recorded meanwhile are left for the next command.
+struct HistoryPages {
+    let run: RunRecord
+    let store: any HopAdministration
+    let page: Int
+    /// The first page.
+    let first: [HistoryEntry]
+    /// The sequence number of the last entry read.
+    private let last: Int64
+
+    /// Reads the first page of `run`'s history.
+    init(of run: RunRecord, in store: any HopAdministration, page: Int) async throws {
+        self.run = run
+        self.store = store
+        self.page = page
+        first = try await store.history(runID: run.id, after: .min, through: .max, limit: page)
+        last =
+            first.count < page
+            ? first.last?.seq ?? 0 : try await store.history(runID: run.id, limit: 1).last?.seq ?? 0
+    }
+
+    /// Whether the first page holds the whole history.
+    var isWhole: Bool { first.count < page }
+
+    /// Hands `body` every page in turn, the first one again.
+    /// - Throws: `.notFound` when the run was removed (pruned) before its last page was read.
+    func eachPage(_ body: ([HistoryEntry]) throws -> Void) async throws {
+        var entries = first
+        while true {
+            try body(entries)
+            guard let end = entries.last?.seq, end < last else { return }
+            entries = try await store.history(runID: run.id, after: end, through: last, limit: page)
+            guard !entries.isEmpty else {
+                throw HopError(
+                    .notFound, operation: "history", path: store.location,
+                    reason: "run \(run.id) was removed while its history was read (a prune)",
+                    hint: "List runs with `hopctl status --flow \(run.flow)`")
+            }
+        }
+    }
 }

@@ -121,6 +121,17 @@ enum Output {
             if pending.count >= 1 << 16 { flush() }
         }
 
+        /// Adds an element that `body` writes itself, a part at a time (the history of a long run):
+        /// the text ``append(_:)`` would write for it, its lines but the first (which follows
+        /// the array's own text) indented for one level deeper than the array, no newline after it.
+        mutating func appendWritten(_ body: (@escaping (String) -> Void) async throws -> Void) async throws {
+            pending.append(contentsOf: (elements == 0 ? "[\n" : ",\n").utf8)
+            pending.append(contentsOf: String(repeating: " ", count: 2 * (depth + 1)).utf8)
+            flush()
+            try await body(write)
+            elements += 1
+        }
+
         /// Closes the array and writes what is left.
         mutating func finish() {
             let close = String(repeating: " ", count: 2 * depth) + "]"
