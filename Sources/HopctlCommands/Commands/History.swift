@@ -265,7 +265,8 @@ struct HistoryPages {
     let page: Int
     /// The first page.
     let first: [HistoryEntry]
-    /// The sequence number of the last entry read.
+    /// The sequence number of the run's last entry when the first page was read: no page goes
+    /// past it, so that both readings of a table see the same entries.
     private let last: Int64
 
     /// Reads the first page of `run`'s history.
