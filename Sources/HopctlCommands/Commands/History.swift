@@ -175,10 +175,7 @@ struct HistoryRequest: Equatable {
         _ run: RunRecord, _ entries: [HistoryEntry], now: Date,
         write: (String) -> Void = { Output.line($0, terminator: "") }
     ) {
-        var columns = Output.Columns(tableHeaders)
-        let rows = rows(of: entries, now: now)
-        columns.widen(for: rows)
-        write(title(run) + "\n" + columns.text(of: [tableHeaders] + rows))
+        write(title(run) + "\n" + Output.tableText(tableHeaders, printableRows: rows(of: entries, now: now)))
     }
 
     /// ``printTable(_:_:now:write:)`` of a history read a page at a time: every page read once for

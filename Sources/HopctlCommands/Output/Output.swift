@@ -11,10 +11,14 @@ import Glibc
 enum Output {
     /// Prints `rows` under `headers` as columns separated by two spaces.
     static func table(_ headers: [String], _ rows: [[String]]) {
+        line(tableText(headers, printableRows: rows.map { $0.map(printable) }), terminator: "")
+    }
+
+    /// The text ``table(_:_:)`` prints, of `rows` whose cells are already ``printable(_:)``.
+    static func tableText(_ headers: [String], printableRows rows: [[String]]) -> String {
         var columns = Columns(headers)
-        let rows = rows.map { $0.map(printable) }
         columns.widen(for: rows)
-        line(columns.text(of: [headers] + rows), terminator: "")
+        return columns.text(of: [headers] + rows)
     }
 
     /// The widths of a table's columns, which ``table(_:_:)`` takes from every row it prints: a
@@ -40,11 +44,9 @@ enum Output {
             var text = ""
             for row in rows {
                 let cells = row.enumerated().map { index, cell in
-                    index == row.count - 1
-                        ? cell
-                        : cell
-                            + String(
-                                repeating: " ", count: max(0, (index < widths.count ? widths[index] : 0) - cell.count))
+                    let width = index < widths.count ? widths[index] : 0
+                    return index == row.count - 1
+                        ? cell : cell + String(repeating: " ", count: max(0, width - cell.count))
                 }
                 text += cells.joined(separator: "  ") + "\n"
             }
@@ -106,12 +108,11 @@ enum Output {
             // a level.
             let newline = UInt8(ascii: "\n")
             let space = UInt8(ascii: " ")
-            let indent = 2 * (depth + 1)
             bytes.withUnsafeBytes { text in
                 var lineStarts = true
                 for byte in text {
                     if lineStarts && byte != newline {
-                        for _ in 0..<indent { pending.append(space) }
+                        for _ in 0..<elementIndent { pending.append(space) }
                     }
                     pending.append(byte)
                     lineStarts = byte == newline
@@ -126,11 +127,14 @@ enum Output {
         /// the array's own text) indented for one level deeper than the array, no newline after it.
         mutating func appendWritten(_ body: (@escaping (String) -> Void) async throws -> Void) async throws {
             pending.append(contentsOf: (elements == 0 ? "[\n" : ",\n").utf8)
-            pending.append(contentsOf: String(repeating: " ", count: 2 * (depth + 1)).utf8)
+            pending.append(contentsOf: String(repeating: " ", count: elementIndent).utf8)
             flush()
             try await body(write)
             elements += 1
         }
+
+        /// How many spaces an element's lines are indented by: one level deeper than the array.
+        private var elementIndent: Int { 2 * (depth + 1) }
 
         /// Closes the array and writes what is left.
         mutating func finish() {
