@@ -173,11 +173,17 @@ extension PostgresStore: HopAdministration {
         let operation = "read the whole database"
         do {
             return try await client.withWatchedConnection { connection in
+                // Each row decoded as it comes: the client's rows are never all held beside the snapshot.
                 func query<T>(
                     _ sql: String, binding values: [PostgresValue] = [], _ decode: (Row) throws -> T
                 ) async throws -> [T] {
-                    try await connection.query(PostgresValue.query(sql, values), logger: Self.quiet).collect()
-                        .map { try decode(Row($0)) }
+                    var decoded: [T] = []
+                    for try await row in try await connection.query(
+                        PostgresValue.query(sql, values), logger: Self.quiet)
+                    {
+                        decoded.append(try decode(Row(row)))
+                    }
+                    return decoded
                 }
                 _ = try await query("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY") { _ in () }
                 do {
@@ -226,11 +232,12 @@ extension PostgresStore: HopAdministration {
     }
 
     /// Writes `snapshot` in one transaction, a few thousand rows per statement (each batch one
-    /// bound JSON parameter, expanded by `json_to_recordset`); the run id sequence then continues
-    /// after the highest id copied, so no id is ever handed out twice.
+    /// bound JSON parameter, expanded by `json_to_recordset`, and encoded just before it is sent:
+    /// the snapshot is never held twice); the run id sequence then continues after the highest id
+    /// copied, so no id is ever handed out twice.
     package func restore(_ snapshot: HopSnapshot) async throws {
         let operation = "copy into \(location)"
-        let batches = try SnapshotBatches(snapshot)
+        let batches = SnapshotBatches(snapshot)
         // Once the transaction is over: its runs' deadlines and sessions' expiries come due (``DueLook``).
         defer { dueWritten() }
         try await transaction(operation) { tx in
@@ -242,7 +249,7 @@ extension PostgresStore: HopAdministration {
                     """, []
                 ) { [try $0.int64(0), try $0.int64(1), try $0.int64(2), try $0.int64(3)] } ?? []
             try StorageRules(location: self.location).checkEmptyTarget(counts: held, operation: operation)
-            for batch in batches.runs {
+            for batch in batches.runs() {
                 try await tx.run(
                     """
                     INSERT INTO runs (id, flow, subject, flow_version, status, current_step, current_token, wake_on,
@@ -253,42 +260,42 @@ extension PostgresStore: HopAdministration {
                     FROM json_to_recordset($1::json) AS r(
                         id bigint, flow text, subject text, flow_version text, status text, current_step text,
                         current_token text, wake_on text, created_at bigint, updated_at bigint, wake_at bigint)
-                    """, [.text(batch)])
+                    """, [.text(try batch())])
             }
-            for batch in batches.history {
+            for batch in batches.history() {
                 try await tx.run(
                     """
                     INSERT INTO history (run_id, seq, kind, step, token, value, at)
                     SELECT run_id, seq, kind, step, token, value, at
                     FROM json_to_recordset($1::json) AS h(
                         run_id bigint, seq bigint, kind text, step text, token text, value text, at bigint)
-                    """, [.text(batch)])
+                    """, [.text(try batch())])
             }
-            for batch in batches.firstUse {
+            for batch in batches.firstUse() {
                 try await tx.run(
                     """
                     INSERT INTO first_use (subject, feature, used_at)
                     SELECT subject, feature, used_at FROM json_to_recordset($1::json) AS f(
                         subject text, feature text, used_at bigint)
-                    """, [.text(batch)])
+                    """, [.text(try batch())])
             }
-            for batch in batches.sessions {
+            for batch in batches.sessions() {
                 try await tx.run(
                     """
                     INSERT INTO sessions (subject, user_id, token, created_at, expires_at)
                     SELECT subject, user_id, token, created_at, expires_at FROM json_to_recordset($1::json) AS s(
                         subject text, user_id text, token text, created_at bigint, expires_at bigint)
-                    """, [.text(batch)])
+                    """, [.text(try batch())])
             }
-            for batch in batches.facts {
+            for batch in batches.facts() {
                 try await tx.run(
                     """
                     INSERT INTO facts (subject, key, value, updated_at)
                     SELECT subject, key, value, updated_at FROM json_to_recordset($1::json) AS f(
                         subject text, key text, value text, updated_at bigint)
-                    """, [.text(batch)])
+                    """, [.text(try batch())])
             }
-            if let last = snapshot.runs.map(\.id).max() {
+            if let last = snapshot.runs.lazy.map(\.id).max() {
                 try await tx.run("SELECT setval(pg_get_serial_sequence('runs', 'id'), $1)", [.int(last)])
             }
             try await tx.notifyChange()
@@ -296,54 +303,67 @@ extension PostgresStore: HopAdministration {
     }
 }
 
-/// A snapshot's rows as JSON arrays of a few thousand rows each, the parameters of ``PostgresStore/restore(_:)``.
+/// A snapshot's rows as JSON arrays of a few thousand rows each, the parameters of
+/// ``PostgresStore/restore(_:)``: each batch is encoded when it is called for, so that only one
+/// batch's text is held beside the snapshot.
 private struct SnapshotBatches {
-    var runs: [String] = []
-    var history: [String] = []
-    var firstUse: [String] = []
-    var sessions: [String] = []
-    var facts: [String] = []
+    let snapshot: HopSnapshot
+
+    init(_ snapshot: HopSnapshot) { self.snapshot = snapshot }
 
     static let rowsPerBatch = 5000
 
-    init(_ snapshot: HopSnapshot) throws {
-        runs = try Self.batches(
-            snapshot.runs.map {
-                RunRow(
-                    id: $0.id, flow: $0.flow, subject: $0.subject, flow_version: $0.flowVersion,
-                    status: $0.status.rawValue, current_step: $0.currentStep, current_token: $0.currentToken,
-                    wake_on: $0.wakeOn?.rawValue, created_at: Clock.milliseconds($0.createdAt),
-                    updated_at: Clock.milliseconds($0.updatedAt), wake_at: $0.wakeAt.map(Clock.milliseconds))
-            })
-        history = try Self.batches(
-            snapshot.history.map {
-                HistoryRow(
-                    run_id: $0.runID, seq: $0.seq, kind: $0.kind.rawValue, step: $0.step, token: $0.token,
-                    value: $0.value, at: Clock.milliseconds($0.at))
-            })
-        firstUse = try Self.batches(
-            snapshot.firstUse.map {
-                FirstUseRow(subject: $0.subject, feature: $0.flag.feature, used_at: Clock.milliseconds($0.flag.usedAt))
-            })
-        sessions = try Self.batches(
-            snapshot.sessions.map {
-                SessionRow(
-                    subject: $0.subject, user_id: $0.userID, token: $0.token,
-                    created_at: Clock.milliseconds($0.createdAt), expires_at: $0.expiresAt.map(Clock.milliseconds))
-            })
-        facts = try Self.batches(
-            snapshot.facts.map {
-                FactRow(
-                    subject: $0.subject, key: $0.fact.key, value: $0.fact.value,
-                    updated_at: Clock.milliseconds($0.fact.updatedAt))
-            })
+    /// One batch: a function that encodes its rows.
+    typealias Batch = () throws -> String
+
+    func runs() -> [Batch] {
+        Self.batches(snapshot.runs) {
+            RunRow(
+                id: $0.id, flow: $0.flow, subject: $0.subject, flow_version: $0.flowVersion,
+                status: $0.status.rawValue, current_step: $0.currentStep, current_token: $0.currentToken,
+                wake_on: $0.wakeOn?.rawValue, created_at: Clock.milliseconds($0.createdAt),
+                updated_at: Clock.milliseconds($0.updatedAt), wake_at: $0.wakeAt.map(Clock.milliseconds))
+        }
     }
 
-    private static func batches<T: Encodable>(_ rows: [T]) throws -> [String] {
-        let encoder = JSONEncoder()
-        return try stride(from: 0, to: rows.count, by: rowsPerBatch).map { start in
-            String(
-                decoding: try encoder.encode(Array(rows[start..<min(start + rowsPerBatch, rows.count)])), as: UTF8.self)
+    func history() -> [Batch] {
+        Self.batches(snapshot.history) {
+            HistoryRow(
+                run_id: $0.runID, seq: $0.seq, kind: $0.kind.rawValue, step: $0.step, token: $0.token,
+                value: $0.value, at: Clock.milliseconds($0.at))
+        }
+    }
+
+    func firstUse() -> [Batch] {
+        Self.batches(snapshot.firstUse) {
+            FirstUseRow(subject: $0.subject, feature: $0.flag.feature, used_at: Clock.milliseconds($0.flag.usedAt))
+        }
+    }
+
+    func sessions() -> [Batch] {
+        Self.batches(snapshot.sessions) {
+            SessionRow(
+                subject: $0.subject, user_id: $0.userID, token: $0.token,
+                created_at: Clock.milliseconds($0.createdAt), expires_at: $0.expiresAt.map(Clock.milliseconds))
+        }
+    }
+
+    func facts() -> [Batch] {
+        Self.batches(snapshot.facts) {
+            FactRow(
+                subject: $0.subject, key: $0.fact.key, value: $0.fact.value,
+                updated_at: Clock.milliseconds($0.fact.updatedAt))
+        }
+    }
+
+    private static func batches<Item, Encoded: Encodable>(
+        _ items: [Item], _ row: @escaping (Item) -> Encoded
+    ) -> [Batch] {
+        stride(from: 0, to: items.count, by: rowsPerBatch).map { start in
+            {
+                let rows = items[start..<min(start + rowsPerBatch, items.count)].map(row)
+                return String(decoding: try JSONEncoder().encode(rows), as: UTF8.self)
+            }
         }
     }
 
