@@ -16,6 +16,7 @@ struct HopBench: AsyncParsableCommand {
     static let scenarios = [
         "durable-hops", "durable-hops-normal", "concurrent-hops", "startup-flow", "startup-flow-normal",
         "resume", "long-history", "hopctl", "parked-memory", "fleet", "durable-hops-postgres",
+        "long-history-postgres",
     ]
 
     /// Parts of scenarios that run in a process of their own.

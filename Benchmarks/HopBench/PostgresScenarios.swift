@@ -17,7 +17,23 @@ import Glibc
 /// one process on a SQLite file; every process keeps 100 runs in flight.
 /// `durable-hops-postgres`: hop+unhop pairs of one run through the engine, and the same statements
 /// in the same transactions through postgres-nio directly, in alternating rounds.
+/// `long-history-postgres`: `long-history` with the run copied to the server (by `hopctl copy`, in
+/// a process of its own, so that the copy's memory is not counted) and resumed there.
 extension Scenarios {
+    func longHistoryPostgres() async throws -> [Figure] {
+        guard let server = try await PostgresServer.start(durable: true) else {
+            FileHandle.standardError.write(Data("hop-bench: long-history-postgres skipped (see above)\n".utf8))
+            return []
+        }
+        let hopctl = try Self.hopctlExecutable()
+        return try await longHistory(prefix: "long-history-postgres") { file, laps in
+            let name = "long_history_\(laps)"
+            try await server.createDatabase(name)
+            try Self.runProcess(hopctl, ["copy", "--from", file, "--to", server.url(database: name)])
+            return try await PostgresStore.open(url: server.url(database: name)).database
+        }
+    }
+
     /// Flows each worker process runs.
     var fleetFlowsPerProcess: Int { quick ? 40 : 600 }
 

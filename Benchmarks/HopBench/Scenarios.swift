@@ -22,6 +22,7 @@ struct Scenarios {
         case "startup-flow-normal": try await startupFlow(durability: .normal, prefix: name)
         case "resume": try await resume()
         case "long-history": try await longHistory()
+        case "long-history-postgres": try await longHistoryPostgres()
         case "hopctl": try await hopctl()
         case "parked-memory": try await parkedMemory()
         case "parked-memory-restart": try await parkedMemoryRestart()
@@ -232,16 +233,25 @@ struct Scenarios {
     /// One run that went round a loop many times (a hop and an unhop each lap), resumed: how long
     /// its replay takes and what memory it needs, by the length of its history.
     private func longHistory() async throws -> [Figure] {
+        try await longHistory(prefix: "long-history") { file, _ in try await HopStore.open(path: file).database }
+    }
+
+    /// `long-history` with the run resumed by `open(file, laps)`: the database the run, written
+    /// to `file`, is resumed from (what it takes to open is not measured).
+    func longHistory(
+        prefix: String, open: (_ file: String, _ laps: Int) async throws -> HopDatabase
+    ) async throws -> [Figure] {
         var figures: [Figure] = []
         for laps in quick ? [10_000] : [10_000, 100_000, 500_000] {
-            let database = path("long-history-\(laps).sqlite")
-            _ = try await Fixtures.hopDatabase(database)
-            try Fixtures.writeLoopRun(laps: laps, to: database)
+            let file = path("\(prefix)-\(laps).sqlite")
+            _ = try await Fixtures.hopDatabase(file)
+            try Fixtures.writeLoopRun(laps: laps, to: file)
+            let database = try await open(file, laps)
             Measure.releaseFreeMemory()
             let before = Measure.memory().resident
             Measure.resetPeakMemory()
             let entered = Atomic<Bool>(false)
-            let engine = engine(try await HopStore.open(path: database))
+            let engine = HopEngine(database: database, logger: Self.quiet, configuration: .init(engineID: "hop-bench"))
             engine.register(
                 Flow("loop", version: "1") { flow in
                     while true { try await flow.hop(to: "tick") }
@@ -258,8 +268,8 @@ struct Scenarios {
             service.cancel()
             _ = try? await service.value
             figures += [
-                Figure("long-history.\(laps).seconds", seconds, "s"),
-                Figure("long-history.\(laps).peak-memory", memory.peak - before, "MiB"),
+                Figure("\(prefix).\(laps).seconds", seconds, "s"),
+                Figure("\(prefix).\(laps).peak-memory", memory.peak - before, "MiB"),
             ]
         }
         return figures
@@ -277,12 +287,7 @@ struct Scenarios {
         _ = try await Fixtures.hopDatabase(database)
         try Fixtures.writeChainRuns(runs, to: database)
         let rows = try RawSQLite(path: database, synchronous: "NORMAL").run("SELECT count(*) FROM history") ?? 0
-        let executable = URL(fileURLWithPath: Self.executablePath).deletingLastPathComponent().appendingPathComponent(
-            "hopctl"
-        ).path
-        guard FileManager.default.isExecutableFile(atPath: executable) else {
-            throw BenchError("hopctl is not built beside hop-bench (\(executable)); run `swift build -c release` first")
-        }
+        let executable = try Self.hopctlExecutable()
         let subject = "subject-\(runs / 2 + 9)"  // in flight at its last step: the longest history
         var figures = [Figure("hopctl.history-rows", Double(rows), "rows")]
         for (name, arguments, repeats) in [
@@ -339,6 +344,17 @@ struct Scenarios {
 
     static var executablePath: String {
         (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
+    }
+
+    /// The `hopctl` built beside hop-bench.
+    static func hopctlExecutable() throws -> String {
+        let executable = URL(fileURLWithPath: executablePath).deletingLastPathComponent().appendingPathComponent(
+            "hopctl"
+        ).path
+        guard FileManager.default.isExecutableFile(atPath: executable) else {
+            throw BenchError("hopctl is not built beside hop-bench (\(executable)); run `swift build -c release` first")
+        }
+        return executable
     }
 
     static func runProcess(_ executable: String, _ arguments: [String]) throws {

@@ -82,6 +82,16 @@ package enum ClosedConnections {
 }
 
 extension PostgresConnection {
+    /// The rows of `query` on this connection, each decoded by `decode` as it arrives: the
+    /// client's rows are never all held beside what they decode to.
+    func decodedRows<T>(of query: PostgresQuery, _ decode: (Row) throws -> T) async throws -> [T] {
+        var decoded: [T] = []
+        for try await row in try await self.query(query, logger: PostgresStore.quiet) {
+            decoded.append(try decode(Row(row)))
+        }
+        return decoded
+    }
+
     /// The rows of `query`, run on this connection, watched for its close.
     func rows(of query: PostgresQuery) async throws -> [PostgresRow] {
         try await ClosedConnections.run(on: self) { connection in
@@ -95,6 +105,21 @@ extension PostgresClient {
     func rows(of query: PostgresQuery) async throws -> [PostgresRow] {
         try await withWatchedConnection { connection in
             try await connection.query(query, logger: PostgresStore.quiet).collect()
+        }
+    }
+
+    /// The rows of `query` folded into `result` by `add` as they arrive, none of them held once
+    /// it is folded in, on a connection of the pool that is watched for its close.
+    func fold<Result: Sendable>(
+        _ query: PostgresQuery, into result: Result,
+        _ add: @escaping @Sendable (inout Result, PostgresRow) throws -> Void
+    ) async throws -> Result {
+        try await withWatchedConnection { connection in
+            var result = result
+            for try await row in try await connection.query(query, logger: PostgresStore.quiet) {
+                try add(&result, row)
+            }
+            return result
         }
     }
 

@@ -173,17 +173,10 @@ extension PostgresStore: HopAdministration {
         let operation = "read the whole database"
         do {
             return try await client.withWatchedConnection { connection in
-                // Each row decoded as it comes: the client's rows are never all held beside the snapshot.
                 func query<T>(
                     _ sql: String, binding values: [PostgresValue] = [], _ decode: (Row) throws -> T
                 ) async throws -> [T] {
-                    var decoded: [T] = []
-                    for try await row in try await connection.query(
-                        PostgresValue.query(sql, values), logger: Self.quiet)
-                    {
-                        decoded.append(try decode(Row(row)))
-                    }
-                    return decoded
+                    try await connection.decodedRows(of: PostgresValue.query(sql, values), decode)
                 }
                 _ = try await query("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY") { _ in () }
                 do {

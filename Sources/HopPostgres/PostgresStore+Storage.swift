@@ -409,14 +409,16 @@ extension PostgresStore: HopStorage {
 
     package func histories(runIDs: [Int64]) async throws -> [Int64: [HistoryEntry]] {
         guard !runIDs.isEmpty else { return [:] }
-        var histories: [Int64: [HistoryEntry]] = [:]
-        for entry in try await read(
+        // Each row goes straight to its run's entries as it arrives.
+        let query = PostgresValue.query(
             "SELECT \(HistoryEntry.pgColumns) FROM history WHERE run_id = ANY($1) ORDER BY run_id, seq",
-            [.ints(runIDs)], operation: "read the histories of \(runIDs.count) runs", HistoryEntry.init(pg:))
-        {
-            histories[entry.runID, default: []].append(entry)
+            [.ints(runIDs)])
+        return try await retried("read the histories of \(runIDs.count) runs") {
+            try await client.fold(query, into: [Int64: [HistoryEntry]]()) { histories, row in
+                let entry = try HistoryEntry(pg: Row(row))
+                histories[entry.runID, default: []].append(entry)
+            }
         }
-        return histories
     }
 
     package func statuses(of runIDs: [Int64]) async throws -> [Int64: (status: RunStatus, owner: String?)] {

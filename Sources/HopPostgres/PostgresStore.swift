@@ -313,10 +313,11 @@ public final class PostgresStore: Sendable {
 
     /// Runs one read statement outside a transaction (``retried(_:_:)``).
     func read<T: Sendable>(
-        _ sql: String, _ values: [PostgresValue] = [], operation: String, _ decode: (Row) throws -> T
+        _ sql: String, _ values: [PostgresValue] = [], operation: String,
+        _ decode: @escaping @Sendable (Row) throws -> T
     ) async throws -> [T] {
         try await retried(operation) {
-            try await client.rows(of: PostgresValue.query(sql, values)).map { try decode(Row($0)) }
+            try await client.fold(PostgresValue.query(sql, values), into: []) { $0.append(try decode(Row($1))) }
         }
     }
 
@@ -401,7 +402,8 @@ public final class PostgresStore: Sendable {
 
     /// The first row of a read statement, if any.
     func readOne<T: Sendable>(
-        _ sql: String, _ values: [PostgresValue] = [], operation: String, _ decode: (Row) throws -> T
+        _ sql: String, _ values: [PostgresValue] = [], operation: String,
+        _ decode: @escaping @Sendable (Row) throws -> T
     ) async throws -> T? {
         try await read(sql, values, operation: operation, decode).first
     }

@@ -29,8 +29,7 @@ struct PostgresTransaction: Sendable {
     var location: String { store.url.redacted }
 
     func query<T>(_ sql: String, _ values: [PostgresValue], _ decode: (Row) throws -> T) async throws -> [T] {
-        let rows = try await connection.query(PostgresValue.query(sql, values), logger: PostgresStore.quiet).collect()
-        return try rows.map { try decode(Row($0)) }
+        try await connection.decodedRows(of: PostgresValue.query(sql, values), decode)
     }
 
     func queryOne<T>(_ sql: String, _ values: [PostgresValue], _ decode: (Row) throws -> T) async throws -> T? {
@@ -40,7 +39,7 @@ struct PostgresTransaction: Sendable {
     /// Runs a statement; returns how many rows it returned (write `RETURNING 1` to count rows changed).
     @discardableResult
     func run(_ sql: String, _ values: [PostgresValue] = []) async throws -> Int {
-        try await connection.query(PostgresValue.query(sql, values), logger: PostgresStore.quiet).collect().count
+        try await connection.decodedRows(of: PostgresValue.query(sql, values)) { _ in () }.count
     }
 
     /// Sends the change notification with the transaction: other stores' ``PostgresStore/changeVersion()`` moves at its commit.
@@ -417,7 +416,7 @@ extension HistoryEntry {
 
 extension StoredSession {
     /// Reads `user_id, token, created_at, expires_at` as the session of `subject`.
-    static func decoder(subject: String) -> (Row) throws -> StoredSession {
+    static func decoder(subject: String) -> @Sendable (Row) throws -> StoredSession {
         { row in
             StoredSession.stored(
                 subject: subject, userID: try row.text(0), token: try row.text(1),
