@@ -257,10 +257,8 @@ extension PostgresStore: HopStorage {
             let taken = try rules.forkedEntries(of: old, history, through: seq, operation: operation)
             if old.status.isUnfinished { try await tx.setStatus(old.id, .cancelled) }
             let new = try await tx.insertRun(flow: flow, subject: subject, version: version ?? old.flowVersion)
-            try await tx.append(runID: new.id, .fork, value: #"{"from":\#(old.id),"through":\#(seq)}"#)
-            for entry in taken {
-                try await tx.append(runID: new.id, entry.kind, step: entry.step, token: entry.token, value: entry.value)
-            }
+            let link = try await tx.append(runID: new.id, .fork, value: #"{"from":\#(old.id),"through":\#(seq)}"#)
+            try await tx.append(runID: new.id, taken, after: link.seq)
             try await tx.append(runID: old.id, .fork, value: #"{"to":\#(new.id),"through":\#(seq)}"#)
             try await tx.notifyChange()
             return (
