@@ -258,7 +258,14 @@ extension PostgresStore: HopStorage {
             if old.status.isUnfinished { try await tx.setStatus(old.id, .cancelled) }
             let new = try await tx.insertRun(flow: flow, subject: subject, version: version ?? old.flowVersion)
             let link = try await tx.append(runID: new.id, .fork, value: #"{"from":\#(old.id),"through":\#(seq)}"#)
-            try await tx.append(runID: new.id, taken, after: link.seq)
+            // The entries taken follow the link, numbered on from it and dated with it.
+            try await tx.insertHistory(
+                taken.indices.lazy.map { index in
+                    let entry = taken[index]
+                    return .recorded(
+                        runID: new.id, seq: link.seq + Int64(index - taken.startIndex) + 1, kind: entry.kind,
+                        step: entry.step, token: entry.token, value: entry.value, at: link.at)
+                })
             try await tx.append(runID: old.id, .fork, value: #"{"to":\#(new.id),"through":\#(seq)}"#)
             try await tx.notifyChange()
             return (

@@ -297,37 +297,42 @@ struct PostgresTransaction: Sendable {
             runID: runID, seq: seq, kind: kind, step: step, token: token, value: value, at: Clock.date(now))
     }
 
-    /// Appends `entries` to the history of `runID` after its entry `last`, numbered on from it
-    /// and dated now, a few thousand to a statement (one bound JSON parameter each), and leaves
-    /// the run's row as it is: a fork's copy of the entries it takes. An append each, which
-    /// updates the run's row, left a version of the row per entry in the one transaction, and
-    /// every later update walked them: a fork of 20,000 entries took 18 s, of 200,000 entries
-    /// more than ten minutes.
-    func append(runID: Int64, _ entries: [HistoryEntry], after last: Int64) async throws {
-        let now = Clock.milliseconds(store.now())
+    /// Inserts `entries` into the history as they are (their runs, numbers and times), a few
+    /// thousand to a statement (one bound JSON parameter each, expanded by `json_to_recordset`,
+    /// and encoded just before it is sent), and leaves the runs' rows as they are: a copy's whole
+    /// history, a fork's entries taken. A fork that appended its entries one by one updated the
+    /// new run's row for each, leaving a version of the row per entry in the one transaction that
+    /// every later update walked: 18 s for 20,000 entries, more than ten minutes for 200,000.
+    func insertHistory(_ entries: some Sequence<HistoryEntry>) async throws {
         let encoder = JSONEncoder()
-        for start in stride(from: 0, to: entries.count, by: Self.entriesPerStatement) {
-            let batch = entries[start..<min(start + Self.entriesPerStatement, entries.count)]
-            let rows = batch.enumerated().map { offset, entry in
-                AppendedRow(
-                    seq: last + Int64(start + offset) + 1, kind: entry.kind.rawValue, step: entry.step,
-                    token: entry.token, value: entry.value)
-            }
+        var batch: [HistoryRow] = []
+        func send() async throws {
             try await run(
                 """
                 INSERT INTO history (run_id, seq, kind, step, token, value, at)
-                SELECT $1, seq, kind, step, token, value, $2
-                FROM json_to_recordset($3::json) AS e(seq bigint, kind text, step text, token text, value text)
-                """,
-                [.int(runID), .int(now), .text(String(decoding: try encoder.encode(rows), as: UTF8.self))])
+                SELECT run_id, seq, kind, step, token, value, at
+                FROM json_to_recordset($1::json) AS h(
+                    run_id bigint, seq bigint, kind text, step text, token text, value text, at bigint)
+                """, [.text(String(decoding: try encoder.encode(batch), as: UTF8.self))])
+            batch.removeAll(keepingCapacity: true)
         }
+        for entry in entries {
+            batch.append(
+                HistoryRow(
+                    run_id: entry.runID, seq: entry.seq, kind: entry.kind.rawValue, step: entry.step,
+                    token: entry.token, value: entry.value, at: Clock.milliseconds(entry.at)))
+            if batch.count == Self.rowsPerStatement { try await send() }
+        }
+        if !batch.isEmpty { try await send() }
     }
 
-    static let entriesPerStatement = 5000
+    /// How many rows a statement that inserts many (``insertHistory(_:)``, a restore's) carries.
+    static let rowsPerStatement = 5000
 
-    /// An entry as ``append(runID:_:after:)`` sends it: the JSON field names are the columns' names.
-    private struct AppendedRow: Encodable {
-        let seq: Int64, kind: String, step: String?, token: String?, value: String?
+    /// An entry as ``insertHistory(_:)`` sends it: the JSON field names are the columns' names.
+    // swift-format-ignore: AlwaysUseLowerCamelCase
+    private struct HistoryRow: Encodable {
+        let run_id: Int64, seq: Int64, kind: String, step: String?, token: String?, value: String?, at: Int64
     }
 
     /// Ends the step in flight of `run` (locked) with an unhop, a timeout or a re-route, if `token` is its token.
