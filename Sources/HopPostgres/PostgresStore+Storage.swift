@@ -251,21 +251,21 @@ extension PostgresStore: HopStorage {
             if let other = try await tx.unfinishedRun(flow: flow, subject: subject), other.id != old.id {
                 throw rules.otherRunUnfinished(other, operation: operation)
             }
-            let history = try await tx.query(
-                "SELECT \(HistoryEntry.pgColumns) FROM history WHERE run_id = $1 ORDER BY seq", [.int(old.id)],
-                HistoryEntry.init(pg:))
-            let taken = try rules.forkedEntries(of: old, history, through: seq, operation: operation)
+            try rules.checkFork(
+                of: old, at: try await tx.forkPoint(of: old.id, through: seq), through: seq, operation: operation)
             if old.status.isUnfinished { try await tx.setStatus(old.id, .cancelled) }
             let new = try await tx.insertRun(flow: flow, subject: subject, version: version ?? old.flowVersion)
             let link = try await tx.append(runID: new.id, .fork, value: #"{"from":\#(old.id),"through":\#(seq)}"#)
-            // The entries taken follow the link, numbered on from it and dated with it.
-            try await tx.insertHistory(
-                taken.indices.lazy.map { index in
-                    let entry = taken[index]
-                    return .recorded(
-                        runID: new.id, seq: link.seq + Int64(index - taken.startIndex) + 1, kind: entry.kind,
-                        step: entry.step, token: entry.token, value: entry.value, at: link.at)
-                })
+            // The entries taken follow the link, numbered on from it and dated with it, in one
+            // statement that never brings them to this process; the new run's row is not updated
+            // for them (once per entry in one transaction, each update walks the versions the
+            // ones before it left: a fork of 20,000 entries took 18 s).
+            try await tx.run(
+                """
+                INSERT INTO history (run_id, seq, kind, step, token, value, at)
+                SELECT $1, $2 + row_number() OVER (ORDER BY seq), kind, step, token, value, $3
+                FROM history WHERE run_id = $4 AND seq <= $5 AND kind IN \(HistoryKind.pgReplayed)
+                """, [.int(new.id), .int(link.seq), .int(Clock.milliseconds(link.at)), .int(old.id), .int(seq)])
             try await tx.append(runID: old.id, .fork, value: #"{"to":\#(new.id),"through":\#(seq)}"#)
             try await tx.notifyChange()
             return (

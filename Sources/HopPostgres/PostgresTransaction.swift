@@ -326,6 +326,34 @@ struct PostgresTransaction: Sendable {
         if !batch.isEmpty { try await send() }
     }
 
+    /// What a fork of run `runID` through entry `seq` is checked against (``ForkPoint``), read
+    /// in a few small results rather than by reading the run's history.
+    func forkPoint(of runID: Int64, through seq: Int64) async throws -> ForkPoint {
+        let lastSeq =
+            try await queryOne("SELECT coalesce(max(seq), 0) FROM history WHERE run_id = $1", [.int(runID)]) {
+                try $0.int64(0)
+            } ?? 0
+        let links = try await query(
+            "SELECT value FROM history WHERE run_id = $1 AND kind = 'fork'", [.int(runID)]
+        ) { try $0.optionalText(0) }
+        let hop = try await queryOne(
+            "SELECT seq, step, token FROM history WHERE run_id = $1 AND seq <= $2 AND kind = 'hop' ORDER BY seq DESC LIMIT 1",
+            [.int(runID), .int(seq)]
+        ) { (try $0.int64(0), try $0.optionalText(1), try $0.optionalText(2)) }
+        var ended = false
+        if let hop {
+            ended =
+                try await queryOne(
+                    """
+                    SELECT 1 FROM history WHERE run_id = $1 AND seq <= $2
+                        AND kind IN \(HistoryKind.pgStepEnds) AND token IS NOT DISTINCT FROM $3 LIMIT 1
+                    """, [.int(runID), .int(seq), .optional(hop.2)]
+                ) { _ in true } ?? false
+        }
+        return ForkPoint(
+            lastSeq: lastSeq, links: links, lastHop: hop.map { (seq: $0.0, step: $0.1) }, lastHopEnded: ended)
+    }
+
     /// How many rows a statement that inserts many (``insertHistory(_:)``, a restore's) carries.
     static let rowsPerStatement = 5000
 
@@ -471,4 +499,7 @@ extension RunStatus {
 extension HistoryKind {
     /// The kinds that end a step, as an SQL list of constants of the code.
     static let pgStepEnds = "('unhop', 'timeout', 'reroute')"
+
+    /// The kinds replay matches against the flow code, as an SQL list of constants of the code.
+    static let pgReplayed = "(" + allCases.filter(\.isReplayed).map { "'\($0.rawValue)'" }.joined(separator: ", ") + ")"
 }

@@ -105,6 +105,41 @@ import Testing
         #expect(old.count == forkedFrom.count, "every fork is linked from the old run")
     }
 
+    /// A fork through the entry of a durable timer takes the timer's deadline as it was recorded
+    /// (a file keeps it by the uptime clock of its boot, and the fork copies it as it is kept):
+    /// the new run reads the same deadline, kept the same way, as the old run does.
+    @Test(arguments: TestBackend.all)
+    func aForkThroughADurableTimerKeepsItsDeadline(backend: TestBackend) async throws {
+        let folder = try TemporaryDirectory()
+        let storage = try await backend.open(folder)
+        let napping = Flow("nap", version: "1") { flow in
+            try await flow.hop(to: "splash")
+            try await flow.sleep(for: .seconds(3600), name: "nap")
+            try await flow.hop(to: "main")
+        }
+        let engine = Self.engine(storage, napping, bodies: Bodies())
+        let run = try await engine.start("nap", subject: "kiosk-1")
+        try await waitUntil("the run sleeps") {
+            try await storage.history(runID: run.id).contains { $0.kind == .timer }
+        }
+        _ = try await engine.cancel(flow: "nap", subject: "kiosk-1")
+        #expect(try await engine.settled(runID: run.id)?.status == .cancelled)
+        let history = try await storage.history(runID: run.id)
+        let timer = try #require(history.last { $0.kind == .timer })
+        let deadline = try #require(timer.deadline)
+        #expect(deadline.timeIntervalSinceNow > 3000, "\(deadline)")
+
+        let fork = try await storage.forkRun(
+            flow: "nap", subject: "kiosk-1", runID: run.id, through: timer.seq, version: nil)
+        let taken = Array(try await storage.history(runID: fork.new.id).dropFirst())
+        let expected = history.filter { $0.seq <= timer.seq && $0.kind.isReplayed }
+        #expect(taken.map(\.kind) == expected.map(\.kind))
+        #expect(taken.map(\.value) == expected.map(\.value))
+        #expect(taken.map(\.seq) == Array(2...Int64(expected.count + 1)))
+        #expect(taken.last?.deadline == deadline)
+        #expect(taken.last?.deadlineGoesByTheWallClock == timer.deadlineGoesByTheWallClock)
+    }
+
     /// A fork of a long run on PostgreSQL writes the entries it takes without updating the new
     /// run's row for each: a row updated N times in one transaction leaves N versions, which each
     /// later update and lookup of the row walks, so a fork of 20,000 entries took 18 s there (0.1 s

@@ -101,10 +101,11 @@ import Testing
             // Statuses and kinds as literals of the code's own enums (a partial index needs them in the text).
             "RunStatus.running.sql", "RunStatus.parked.sql", "RunStatus.unfinishedSQL", "RunStatus.running.condition",
             "RunStatus.parked.condition", "HistoryKind.hop.sql",
-            "HistoryKind.takeover.sql", "HistoryKind.stepEndsSQL", "HistoryKind.patch.sql",
+            "HistoryKind.takeover.sql", "HistoryKind.stepEndsSQL", "HistoryKind.replayedSQL", "HistoryKind.patch.sql",
             // PostgreSQL's store: its column lists and constant lists, and constant clauses.
             "RunRecord.pgColumns", "RunRecord.pgQualifiedColumns", "HistoryEntry.pgColumns", "RunStatus.pgUnfinished",
-            "HistoryKind.pgStepEnds", #"skipLocked ? " SKIP LOCKED" : """#, #"locking ? " FOR UPDATE" : """#,
+            "HistoryKind.pgStepEnds", "HistoryKind.pgReplayed", #"skipLocked ? " SKIP LOCKED" : """#,
+            #"locking ? " FOR UPDATE" : """#,
             "PostgresStore.serverNow",  // the server's clock, by which leases are measured
             "PostgresStore.serverAge",  // how long ago the server started
             "Self.runsTableNow", "PostgresStore.runsTableNow",  // the object id of the `runs` table

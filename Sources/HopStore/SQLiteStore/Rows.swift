@@ -101,4 +101,7 @@ extension HistoryKind {
 
     /// The kinds that end a step, as an SQL list, `('unhop', 'timeout', 'reroute')`.
     static let stepEndsSQL = "(" + allCases.filter(\.endsStep).map(\.sql).joined(separator: ", ") + ")"
+
+    /// The kinds replay matches against the flow code, as an SQL list.
+    static let replayedSQL = "(" + allCases.filter(\.isReplayed).map(\.sql).joined(separator: ", ") + ")"
 }

@@ -162,22 +162,21 @@ package struct StorageRules: Sendable {
             hint: "Read the current token again (`hopctl status`) and retry")
     }
 
-    /// The entries of run `run`'s `history` that a fork through entry `seq` takes as done, or why
-    /// it is refused: `seq` is no entry of the run, or a step would be in flight at it.
-    package func forkedEntries(
-        of run: RunRecord, _ history: [HistoryEntry], through seq: Int64, operation: String
-    ) throws -> [HistoryEntry] {
-        guard let last = history.last?.seq, seq >= 1, seq <= last else {
+    /// Checks that a fork of run `run` through entry `seq` may go ahead, from what its store read
+    /// of the run's history at `seq` (``ForkPoint``), or says why it is refused: `seq` is no entry
+    /// of the run, the run was forked through it before, or a step would be in flight at it.
+    package func checkFork(of run: RunRecord, at point: ForkPoint, through seq: Int64, operation: String) throws {
+        guard seq >= 1, seq <= point.lastSeq else {
             throw refuse(
                 .refused, operation,
-                "run \(run.id) has no entry \(seq) (its entries are 1 to \(history.last?.seq ?? 0)); nothing was changed",
+                "run \(run.id) has no entry \(seq) (its entries are 1 to \(point.lastSeq)); nothing was changed",
                 hint:
                     "Choose an entry from `hopctl history --flow \(run.flow) --subject \(run.subject) --run \(run.id)`")
         }
         // A fork through the same entry again (a retried command): the run it made may have
         // finished, so no unfinished run refuses it; the entry that links the two does.
-        for entry in history where entry.kind == .fork {
-            guard let link = entry.value.flatMap({ try? JSONDecoder().decode(ForkLink.self, from: Data($0.utf8)) }),
+        for value in point.links {
+            guard let link = value.flatMap({ try? JSONDecoder().decode(ForkLink.self, from: Data($0.utf8)) }),
                 let to = link.to, link.through == seq
             else { continue }
             throw refuse(
@@ -186,16 +185,12 @@ package struct StorageRules: Sendable {
                     + "(a retried command changes nothing)",
                 hint: "See that run with `hopctl history --flow \(run.flow) --subject \(run.subject) --run \(to)`")
         }
-        let taken = history.filter { $0.seq <= seq && $0.kind.isReplayed }
-        if let hop = taken.last(where: { $0.kind == .hop }),
-            !taken.contains(where: { $0.kind.endsStep && $0.token == hop.token })
-        {
+        if let hop = point.lastHop, !point.lastHopEnded {
             throw refuse(
                 .refused, operation,
                 "at entry \(seq), step '\(hop.step ?? "?")' of run \(run.id) is in flight (its hop is entry \(hop.seq), its end is not taken); nothing was changed",
                 hint: "Fork through entry \(hop.seq - 1) to enter '\(hop.step ?? "?")' again, or through its end")
         }
-        return taken
     }
 
     /// Why `hopctl start` is refused while `existing`, the subject's unfinished run of the flow, runs.
@@ -344,6 +339,27 @@ package struct StorageRules: Sendable {
                 )
             }
         }
+    }
+}
+
+/// What a fork of a run through an entry is checked against (``StorageRules/checkFork(of:at:through:operation:)``),
+/// read by a store from the run's history in a few small results: a fork never holds the history
+/// it copies, which for a run of a million entries took more than 200 MiB.
+package struct ForkPoint: Sendable {
+    /// The number of the run's last entry (0 for none).
+    package var lastSeq: Int64
+    /// The values of the run's `fork` entries: where it was forked before, and through which entry.
+    package var links: [String?]
+    /// The run's last hop at or before the entry forked through, if any.
+    package var lastHop: (seq: Int64, step: String?)?
+    /// Whether an entry at or before the entry forked through ends that hop's step.
+    package var lastHopEnded: Bool
+
+    package init(lastSeq: Int64, links: [String?], lastHop: (seq: Int64, step: String?)?, lastHopEnded: Bool) {
+        self.lastSeq = lastSeq
+        self.links = links
+        self.lastHop = lastHop
+        self.lastHopEnded = lastHopEnded
     }
 }
 
