@@ -105,7 +105,7 @@ import Testing
         }
         #expect(wrong == nil, "entry \(wrong?.0 ?? 0) was taken as \(String(describing: wrong?.1))")
         // Measured in a debug build, above a status of the run: 52 MiB on a file and 57 MiB on a
-        // server before; 4 MiB (SQLite's cache for the statement that copies) and 0.5 MiB now.
+        // server before; 4 MiB (SQLite's page cache) and 0.5 MiB now.
         #expect(peakMiB - resting < 10, "the fork peaked at \(peakMiB) MiB, a status at \(resting)")
     }
 
