@@ -255,7 +255,15 @@ extension PostgresStore: HopAdministration {
                         current_token text, wake_on text, created_at bigint, updated_at bigint, wake_at bigint)
                     """, [.text(try batch())])
             }
-            try await tx.insertHistory(snapshot.history)
+            for batch in batches.history() {
+                try await tx.run(
+                    """
+                    INSERT INTO history (run_id, seq, kind, step, token, value, at)
+                    SELECT run_id, seq, kind, step, token, value, at
+                    FROM json_to_recordset($1::json) AS h(
+                        run_id bigint, seq bigint, kind text, step text, token text, value text, at bigint)
+                    """, [.text(try batch())])
+            }
             for batch in batches.firstUse() {
                 try await tx.run(
                     """
@@ -296,7 +304,7 @@ private struct SnapshotBatches {
 
     init(_ snapshot: HopSnapshot) { self.snapshot = snapshot }
 
-    static let rowsPerBatch = PostgresTransaction.rowsPerStatement
+    static let rowsPerBatch = 5000
 
     /// One batch: a function that encodes its rows.
     typealias Batch = () throws -> String
@@ -308,6 +316,14 @@ private struct SnapshotBatches {
                 status: $0.status.rawValue, current_step: $0.currentStep, current_token: $0.currentToken,
                 wake_on: $0.wakeOn?.rawValue, created_at: Clock.milliseconds($0.createdAt),
                 updated_at: Clock.milliseconds($0.updatedAt), wake_at: $0.wakeAt.map(Clock.milliseconds))
+        }
+    }
+
+    func history() -> [Batch] {
+        Self.batches(snapshot.history) {
+            HistoryRow(
+                run_id: $0.runID, seq: $0.seq, kind: $0.kind.rawValue, step: $0.step, token: $0.token,
+                value: $0.value, at: Clock.milliseconds($0.at))
         }
     }
 
@@ -350,6 +366,10 @@ private struct SnapshotBatches {
         let id: Int64, flow: String, subject: String, flow_version: String, status: String
         let current_step: String?, current_token: String?, wake_on: String?
         let created_at: Int64, updated_at: Int64, wake_at: Int64?
+    }
+    // swift-format-ignore: AlwaysUseLowerCamelCase
+    private struct HistoryRow: Encodable {
+        let run_id: Int64, seq: Int64, kind: String, step: String?, token: String?, value: String?, at: Int64
     }
     // swift-format-ignore: AlwaysUseLowerCamelCase
     private struct FirstUseRow: Encodable { let subject: String, feature: String, used_at: Int64 }

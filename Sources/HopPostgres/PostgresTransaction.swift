@@ -297,35 +297,6 @@ struct PostgresTransaction: Sendable {
             runID: runID, seq: seq, kind: kind, step: step, token: token, value: value, at: Clock.date(now))
     }
 
-    /// Inserts `entries` into the history as they are (their runs, numbers and times), a few
-    /// thousand to a statement (one bound JSON parameter each, expanded by `json_to_recordset`,
-    /// and encoded just before it is sent), and leaves the runs' rows as they are: a copy's whole
-    /// history, a fork's entries taken. A fork that appended its entries one by one updated the
-    /// new run's row for each, leaving a version of the row per entry in the one transaction that
-    /// every later update walked: 18 s for 20,000 entries, more than ten minutes for 200,000.
-    func insertHistory(_ entries: some Sequence<HistoryEntry>) async throws {
-        let encoder = JSONEncoder()
-        var batch: [HistoryRow] = []
-        func send() async throws {
-            try await run(
-                """
-                INSERT INTO history (run_id, seq, kind, step, token, value, at)
-                SELECT run_id, seq, kind, step, token, value, at
-                FROM json_to_recordset($1::json) AS h(
-                    run_id bigint, seq bigint, kind text, step text, token text, value text, at bigint)
-                """, [.text(String(decoding: try encoder.encode(batch), as: UTF8.self))])
-            batch.removeAll(keepingCapacity: true)
-        }
-        for entry in entries {
-            batch.append(
-                HistoryRow(
-                    run_id: entry.runID, seq: entry.seq, kind: entry.kind.rawValue, step: entry.step,
-                    token: entry.token, value: entry.value, at: Clock.milliseconds(entry.at)))
-            if batch.count == Self.rowsPerStatement { try await send() }
-        }
-        if !batch.isEmpty { try await send() }
-    }
-
     /// What a fork of run `runID` through entry `seq` is checked against (``ForkPoint``), read
     /// in a few small results rather than by reading the run's history.
     func forkPoint(of runID: Int64, through seq: Int64) async throws -> ForkPoint {
@@ -352,15 +323,6 @@ struct PostgresTransaction: Sendable {
         }
         return ForkPoint(
             lastSeq: lastSeq, links: links, lastHop: hop.map { (seq: $0.0, step: $0.1) }, lastHopEnded: ended)
-    }
-
-    /// How many rows a statement that inserts many (``insertHistory(_:)``, a restore's) carries.
-    static let rowsPerStatement = 5000
-
-    /// An entry as ``insertHistory(_:)`` sends it: the JSON field names are the columns' names.
-    // swift-format-ignore: AlwaysUseLowerCamelCase
-    private struct HistoryRow: Encodable {
-        let run_id: Int64, seq: Int64, kind: String, step: String?, token: String?, value: String?, at: Int64
     }
 
     /// Ends the step in flight of `run` (locked) with an unhop, a timeout or a re-route, if `token` is its token.
