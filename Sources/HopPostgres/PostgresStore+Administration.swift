@@ -165,72 +165,94 @@ extension PostgresStore: HopAdministration {
 
     // MARK: Moving a deployment
 
-    /// Everything in the database, read in one read-only transaction at `REPEATABLE READ`: one
-    /// snapshot, while engines go on writing. Leases are judged as `hopctl status` judges them
-    /// (``RunRecord/pgColumnsJudgingLeases(grace:)``): in the grace after a server's start, a
-    /// run is held though its lease's stored end has passed.
-    package func snapshot() async throws -> HopSnapshot {
+    /// Everything in the database, read in one read-only transaction at `REPEATABLE READ` (one
+    /// snapshot, while engines go on writing) and handed to `body` a part at a time as the rows
+    /// arrive: the client reads no further ahead than its buffer while `body` takes a part.
+    /// Leases are judged as `hopctl status` judges them (``RunRecord/pgColumnsJudgingLeases(grace:)``):
+    /// in the grace after a server's start, a run is held though its lease's stored end has passed.
+    package func snapshot(_ body: @escaping SnapshotPartTaker) async throws {
         let operation = "read the whole database"
         do {
-            return try await client.withWatchedConnection { connection in
-                func query<T>(
-                    _ sql: String, binding values: [PostgresValue] = [], _ decode: (Row) throws -> T
-                ) async throws -> [T] {
-                    try await connection.decodedRows(of: PostgresValue.query(sql, values), decode)
+            try await client.withWatchedConnection { connection in
+                func run(_ sql: String) async throws {
+                    _ = try await connection.decodedRows(of: PostgresValue.query(sql, [])) { _ in () }
                 }
-                _ = try await query("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY") { _ in () }
+                func each<T>(
+                    _ sql: String, binding values: [PostgresValue] = [], _ decode: (Row) throws -> T,
+                    _ part: ([T]) -> SnapshotPart
+                ) async throws {
+                    var rows: [T] = []
+                    rows.reserveCapacity(SnapshotPart.rowsPerPart)
+                    for try await row in try await connection.query(
+                        PostgresValue.query(sql, values), logger: PostgresStore.quiet)
+                    {
+                        rows.append(try decode(Row(row)))
+                        if rows.count == SnapshotPart.rowsPerPart {
+                            try await handOver(part(rows))
+                            rows.removeAll(keepingCapacity: true)
+                        }
+                    }
+                    if !rows.isEmpty { try await handOver(part(rows)) }
+                }
+                // An error of `body` (the target's) is passed on as it is, never as this database's.
+                func handOver(_ part: SnapshotPart) async throws {
+                    do { try await body(part) } catch { throw TakerError(error: error) }
+                }
+                try await run("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
                 do {
-                    let snapshot = HopSnapshot(
-                        runs: try await query(
-                            "SELECT \(RunRecord.pgColumnsJudgingLeases(grace: "$1")) FROM runs ORDER BY id",
-                            binding: [.int(Self.graceAfterServerStart)], RunRecord.init(pg:)),
-                        history: try await query(
-                            "SELECT \(HistoryEntry.pgColumns) FROM history ORDER BY run_id, seq", HistoryEntry.init(pg:)
-                        ),
-                        firstUse: try await query(
-                            "SELECT subject, feature, used_at FROM first_use ORDER BY subject, feature"
-                        ) {
+                    try await each(
+                        "SELECT \(RunRecord.pgColumnsJudgingLeases(grace: "$1")) FROM runs ORDER BY id",
+                        binding: [.int(Self.graceAfterServerStart)], RunRecord.init(pg:), SnapshotPart.runs)
+                    try await each(
+                        "SELECT \(HistoryEntry.pgColumns) FROM history ORDER BY run_id, seq", HistoryEntry.init(pg:),
+                        SnapshotPart.history)
+                    try await each(
+                        "SELECT subject, feature, used_at FROM first_use ORDER BY subject, feature",
+                        {
                             (
                                 subject: try $0.text(0),
                                 flag: .stored(feature: try $0.text(1), usedAt: Clock.date(try $0.int64(2)))
                             )
-                        },
-                        sessions: try await query(
-                            "SELECT subject, user_id, token, created_at, expires_at FROM sessions ORDER BY subject"
-                        ) {
+                        }, SnapshotPart.firstUse)
+                    try await each(
+                        "SELECT subject, user_id, token, created_at, expires_at FROM sessions ORDER BY subject",
+                        {
                             .stored(
                                 subject: try $0.text(0), userID: try $0.text(1), token: try $0.text(2),
                                 createdAt: Clock.date(try $0.int64(3)),
                                 expiresAt: try $0.optionalInt64(4).map(Clock.date))
-                        },
-                        facts: try await query(
-                            "SELECT subject, key, value, updated_at FROM facts ORDER BY subject, key"
-                        ) {
+                        }, SnapshotPart.sessions)
+                    try await each(
+                        "SELECT subject, key, value, updated_at FROM facts ORDER BY subject, key",
+                        {
                             (
                                 subject: try $0.text(0),
                                 fact: .stored(
                                     key: try $0.text(1), value: try $0.text(2), updatedAt: Clock.date(try $0.int64(3)))
                             )
-                        })
-                    _ = try await query("COMMIT") { _ in () }
-                    return snapshot
+                        }, SnapshotPart.facts)
+                    try await run("COMMIT")
                 } catch {
-                    _ = try? await query("ROLLBACK") { _ in () }
+                    try? await run("ROLLBACK")
                     throw error
                 }
             }
+        } catch let error as TakerError {
+            throw error.error
         } catch {
+            if let taker = Self.cause(of: error) as? TakerError { throw taker.error }
             throw map(error, operation: operation)
         }
     }
 
-    /// Writes `snapshot` in one transaction, a few thousand rows per statement (each batch one
-    /// bound JSON parameter, expanded by `json_to_recordset`, and encoded just before it is sent:
-    /// the snapshot is never held twice); the run id sequence then continues after the highest id
-    /// copied, so no id is ever handed out twice.
-    package func restore(_ snapshot: HopSnapshot) async throws {
+    /// Writes the parts `parts` hands out in one transaction, each part one statement (its rows
+    /// one bound JSON parameter, expanded by `json_to_recordset`, encoded just before it is sent);
+    /// the run id sequence then continues after the highest id copied, so no id is ever handed
+    /// out twice.
+    package func restore(
+        _ parts: @escaping @Sendable (_ write: @escaping SnapshotPartTaker) async throws -> Void
+    ) async throws {
         let operation = "copy into \(location)"
-        let batches = SnapshotBatches(snapshot)
         // Once the transaction is over: its runs' deadlines and sessions' expiries come due (``DueLook``).
         defer { dueWritten() }
         try await transaction(operation) { tx in
@@ -242,122 +264,117 @@ extension PostgresStore: HopAdministration {
                     """, []
                 ) { [try $0.int64(0), try $0.int64(1), try $0.int64(2), try $0.int64(3)] } ?? []
             try StorageRules(location: self.location).checkEmptyTarget(counts: held, operation: operation)
-            for batch in batches.runs() {
-                try await tx.run(
-                    """
-                    INSERT INTO runs (id, flow, subject, flow_version, status, current_step, current_token, wake_on,
-                                      created_at, updated_at, wake_at)
-                    OVERRIDING SYSTEM VALUE
-                    SELECT id, flow, subject, flow_version, status, current_step, current_token, wake_on,
-                           created_at, updated_at, wake_at
-                    FROM json_to_recordset($1::json) AS r(
-                        id bigint, flow text, subject text, flow_version text, status text, current_step text,
-                        current_token text, wake_on text, created_at bigint, updated_at bigint, wake_at bigint)
-                    """, [.text(try batch())])
+            let copy = OpenCopy()
+            try await parts { part in
+                guard copy.isOpen else {
+                    throw HopError(
+                        .refused, operation: operation, path: self.location, reason: "the copy's transaction is over",
+                        hint: "Write every part before the function given to restore returns")
+                }
+                let (statement, rows) = try SnapshotRows.statement(for: part)
+                try await tx.run(statement, [.text(rows)])
             }
-            for batch in batches.history() {
-                try await tx.run(
-                    """
-                    INSERT INTO history (run_id, seq, kind, step, token, value, at)
-                    SELECT run_id, seq, kind, step, token, value, at
-                    FROM json_to_recordset($1::json) AS h(
-                        run_id bigint, seq bigint, kind text, step text, token text, value text, at bigint)
-                    """, [.text(try batch())])
-            }
-            for batch in batches.firstUse() {
-                try await tx.run(
-                    """
-                    INSERT INTO first_use (subject, feature, used_at)
-                    SELECT subject, feature, used_at FROM json_to_recordset($1::json) AS f(
-                        subject text, feature text, used_at bigint)
-                    """, [.text(try batch())])
-            }
-            for batch in batches.sessions() {
-                try await tx.run(
-                    """
-                    INSERT INTO sessions (subject, user_id, token, created_at, expires_at)
-                    SELECT subject, user_id, token, created_at, expires_at FROM json_to_recordset($1::json) AS s(
-                        subject text, user_id text, token text, created_at bigint, expires_at bigint)
-                    """, [.text(try batch())])
-            }
-            for batch in batches.facts() {
-                try await tx.run(
-                    """
-                    INSERT INTO facts (subject, key, value, updated_at)
-                    SELECT subject, key, value, updated_at FROM json_to_recordset($1::json) AS f(
-                        subject text, key text, value text, updated_at bigint)
-                    """, [.text(try batch())])
-            }
-            if let last = snapshot.runs.lazy.map(\.id).max() {
-                try await tx.run("SELECT setval(pg_get_serial_sequence('runs', 'id'), $1)", [.int(last)])
-            }
+            copy.end()
+            try await tx.run("SELECT setval(pg_get_serial_sequence('runs', 'id'), (SELECT max(id) FROM runs))")
             try await tx.notifyChange()
         }
     }
 }
 
-/// A snapshot's rows as JSON arrays of a few thousand rows each, the parameters of
-/// ``PostgresStore/restore(_:)``: each batch is encoded when it is called for, so that only one
-/// batch's text is held beside the snapshot.
-private struct SnapshotBatches {
-    let snapshot: HopSnapshot
+/// An error thrown by the code a snapshot hands its parts to, on its way out of the snapshot's read.
+private struct TakerError: Error {
+    let error: any Error
+}
 
-    init(_ snapshot: HopSnapshot) { self.snapshot = snapshot }
-
-    static let rowsPerBatch = 5000
-
-    /// One batch: a function that encodes its rows.
-    typealias Batch = () throws -> String
-
-    func runs() -> [Batch] {
-        Self.batches(snapshot.runs) {
-            RunRow(
-                id: $0.id, flow: $0.flow, subject: $0.subject, flow_version: $0.flowVersion,
-                status: $0.status.rawValue, current_step: $0.currentStep, current_token: $0.currentToken,
-                wake_on: $0.wakeOn?.rawValue, created_at: Clock.milliseconds($0.createdAt),
-                updated_at: Clock.milliseconds($0.updatedAt), wake_at: $0.wakeAt.map(Clock.milliseconds))
+/// A part's rows as one JSON array, the parameter of the statement of ``PostgresStore/restore(_:)``
+/// that inserts them.
+private enum SnapshotRows {
+    /// The statement that inserts a part of this kind, and the part's rows as its parameter.
+    static func statement(for part: SnapshotPart) throws -> (String, String) {
+        switch part {
+        case .runs(let runs):
+            (
+                """
+                INSERT INTO runs (id, flow, subject, flow_version, status, current_step, current_token, wake_on,
+                                  created_at, updated_at, wake_at)
+                OVERRIDING SYSTEM VALUE
+                SELECT id, flow, subject, flow_version, status, current_step, current_token, wake_on,
+                       created_at, updated_at, wake_at
+                FROM json_to_recordset($1::json) AS r(
+                    id bigint, flow text, subject text, flow_version text, status text, current_step text,
+                    current_token text, wake_on text, created_at bigint, updated_at bigint, wake_at bigint)
+                """,
+                try json(
+                    runs.map {
+                        RunRow(
+                            id: $0.id, flow: $0.flow, subject: $0.subject, flow_version: $0.flowVersion,
+                            status: $0.status.rawValue, current_step: $0.currentStep, current_token: $0.currentToken,
+                            wake_on: $0.wakeOn?.rawValue, created_at: Clock.milliseconds($0.createdAt),
+                            updated_at: Clock.milliseconds($0.updatedAt), wake_at: $0.wakeAt.map(Clock.milliseconds))
+                    })
+            )
+        case .history(let entries):
+            (
+                """
+                INSERT INTO history (run_id, seq, kind, step, token, value, at)
+                SELECT run_id, seq, kind, step, token, value, at
+                FROM json_to_recordset($1::json) AS h(
+                    run_id bigint, seq bigint, kind text, step text, token text, value text, at bigint)
+                """,
+                try json(
+                    entries.map {
+                        HistoryRow(
+                            run_id: $0.runID, seq: $0.seq, kind: $0.kind.rawValue, step: $0.step, token: $0.token,
+                            value: $0.value, at: Clock.milliseconds($0.at))
+                    })
+            )
+        case .firstUse(let flags):
+            (
+                """
+                INSERT INTO first_use (subject, feature, used_at)
+                SELECT subject, feature, used_at FROM json_to_recordset($1::json) AS f(
+                    subject text, feature text, used_at bigint)
+                """,
+                try json(
+                    flags.map {
+                        FirstUseRow(
+                            subject: $0.subject, feature: $0.flag.feature, used_at: Clock.milliseconds($0.flag.usedAt))
+                    })
+            )
+        case .sessions(let sessions):
+            (
+                """
+                INSERT INTO sessions (subject, user_id, token, created_at, expires_at)
+                SELECT subject, user_id, token, created_at, expires_at FROM json_to_recordset($1::json) AS s(
+                    subject text, user_id text, token text, created_at bigint, expires_at bigint)
+                """,
+                try json(
+                    sessions.map {
+                        SessionRow(
+                            subject: $0.subject, user_id: $0.userID, token: $0.token,
+                            created_at: Clock.milliseconds($0.createdAt),
+                            expires_at: $0.expiresAt.map(Clock.milliseconds))
+                    })
+            )
+        case .facts(let facts):
+            (
+                """
+                INSERT INTO facts (subject, key, value, updated_at)
+                SELECT subject, key, value, updated_at FROM json_to_recordset($1::json) AS f(
+                    subject text, key text, value text, updated_at bigint)
+                """,
+                try json(
+                    facts.map {
+                        FactRow(
+                            subject: $0.subject, key: $0.fact.key, value: $0.fact.value,
+                            updated_at: Clock.milliseconds($0.fact.updatedAt))
+                    })
+            )
         }
     }
 
-    func history() -> [Batch] {
-        Self.batches(snapshot.history) {
-            HistoryRow(
-                run_id: $0.runID, seq: $0.seq, kind: $0.kind.rawValue, step: $0.step, token: $0.token,
-                value: $0.value, at: Clock.milliseconds($0.at))
-        }
-    }
-
-    func firstUse() -> [Batch] {
-        Self.batches(snapshot.firstUse) {
-            FirstUseRow(subject: $0.subject, feature: $0.flag.feature, used_at: Clock.milliseconds($0.flag.usedAt))
-        }
-    }
-
-    func sessions() -> [Batch] {
-        Self.batches(snapshot.sessions) {
-            SessionRow(
-                subject: $0.subject, user_id: $0.userID, token: $0.token,
-                created_at: Clock.milliseconds($0.createdAt), expires_at: $0.expiresAt.map(Clock.milliseconds))
-        }
-    }
-
-    func facts() -> [Batch] {
-        Self.batches(snapshot.facts) {
-            FactRow(
-                subject: $0.subject, key: $0.fact.key, value: $0.fact.value,
-                updated_at: Clock.milliseconds($0.fact.updatedAt))
-        }
-    }
-
-    private static func batches<Item, Encoded: Encodable>(
-        _ items: [Item], _ row: @escaping (Item) -> Encoded
-    ) -> [Batch] {
-        stride(from: 0, to: items.count, by: rowsPerBatch).map { start in
-            {
-                let rows = items[start..<min(start + rowsPerBatch, items.count)].map(row)
-                return String(decoding: try JSONEncoder().encode(rows), as: UTF8.self)
-            }
-        }
+    private static func json(_ rows: some Encodable) throws -> String {
+        String(decoding: try JSONEncoder().encode(rows), as: UTF8.self)
     }
 
     // The rows' JSON field names are the columns' names.

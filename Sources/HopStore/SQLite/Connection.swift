@@ -191,6 +191,53 @@ final class Connection {
         }
     }
 
+    /// A cursor over the rows of `sql`: a read too large to hold, taken a page at a time with
+    /// the caller free to wait between pages. Its statement is its own (not the cache's) and stays
+    /// open until the cursor goes; run it inside a transaction, which keeps its pages one snapshot.
+    func cursor(_ sql: String, _ arguments: [SQLValue], operation: String) throws -> Cursor {
+        var raw: OpaquePointer?
+        let code = sqlite3_prepare_v3(handle, sql, -1, 0, &raw, nil)
+        guard code == SQLITE_OK, let raw else { throw failure(code, operation: operation) }
+        let statement = Statement(handle: raw, sql: sql)
+        let bound = statement.bind(arguments)
+        guard bound == SQLITE_OK else { throw failure(bound, operation: operation) }
+        return Cursor(connection: self, statement: statement, operation: operation)
+    }
+
+    /// The rows of a statement, stepped a page at a time (``Connection/cursor(_:_:operation:)``).
+    final class Cursor {
+        private let connection: Connection
+        private let statement: Statement
+        private let operation: String
+        private var done = false
+
+        fileprivate init(connection: Connection, statement: Statement, operation: String) {
+            self.connection = connection
+            self.statement = statement
+            self.operation = operation
+        }
+
+        /// The next rows, at most `limit`, each mapped by `map`; none once every row was read.
+        func next<T>(_ limit: Int, _ map: (Row) throws -> T) throws -> [T] {
+            var rows: [T] = []
+            while !done && rows.count < limit {
+                let code = sqlite3_step(statement.handle)
+                if code == SQLITE_DONE {
+                    done = true
+                    sqlite3_reset(statement.handle)
+                } else if code == SQLITE_ROW {
+                    rows.append(try map(Row(handle: statement.handle)))
+                } else {
+                    let error = connection.failure(code, operation: operation)
+                    done = true
+                    sqlite3_reset(statement.handle)
+                    throw error
+                }
+            }
+            return rows
+        }
+    }
+
     /// The first row of a query, if any.
     func queryOne<T>(_ sql: String, _ arguments: [SQLValue], operation: String, _ map: (Row) throws -> T) throws -> T? {
         try query(sql, arguments, operation: operation, map).first
@@ -283,7 +330,7 @@ final class Connection {
 
     // MARK: Errors
 
-    private func failure(_ code: Int32, operation: String) -> HopError {
+    fileprivate func failure(_ code: Int32, operation: String) -> HopError {
         Self.error(code: code, message: String(cString: sqlite3_errmsg(handle)), operation: operation, path: path)
     }
 

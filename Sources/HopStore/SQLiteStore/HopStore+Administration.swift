@@ -5,53 +5,85 @@ import Foundation
 #endif
 
 extension HopStore: HopAdministration {
-    /// Everything in the file, read in one read transaction (a snapshot that never blocks a daemon's writes).
-    package func snapshot() throws -> HopSnapshot {
-        try connection.read("read the whole database") {
-            let operation = "read the whole database"
-            return HopSnapshot(
-                runs: try connection.query(
-                    "SELECT \(RunRecord.columns) FROM runs ORDER BY id", [], operation: operation, RunRecord.init(row:)),
-                history: try connection.query(
-                    "SELECT \(HistoryEntry.columns) FROM history ORDER BY run_id, seq", [], operation: operation,
-                    HistoryEntry.init(row:)),
-                firstUse: try connection.query(
-                    "SELECT subject, feature, used_at FROM first_use ORDER BY subject, feature", [],
-                    operation: operation
-                ) { (subject: $0.text(0), flag: FirstUseFlag(feature: $0.text(1), usedAt: Clock.date($0.int64(2)))) },
-                sessions: try connection.query(
-                    "SELECT subject, user_id, token, created_at, expires_at FROM sessions ORDER BY subject", [],
-                    operation: operation
-                ) {
-                    StoredSession(
-                        subject: $0.text(0), userID: $0.text(1), token: $0.text(2),
-                        createdAt: Clock.date($0.int64(3)), expiresAt: $0.optionalInt64(4).map(Clock.date))
-                },
-                facts: try connection.query(
-                    "SELECT subject, key, value, updated_at FROM facts ORDER BY subject, key", [], operation: operation
-                ) {
-                    (
-                        subject: $0.text(0),
-                        fact: Fact(key: $0.text(1), value: $0.text(2), updatedAt: Clock.date($0.int64(3)))
-                    )
-                })
+    /// Everything in the file, read in one read transaction (a snapshot that never blocks a
+    /// daemon's writes), a part at a time: each table through a cursor stepped a part's rows at a
+    /// time, the transaction held open while `body` takes each part.
+    package func snapshot(_ body: @escaping SnapshotPartTaker) async throws {
+        let operation = "read the whole database"
+        // A read of its own, not one inside this store's open write transaction (coalesced writes).
+        try makeDurable()
+        try connection.run("BEGIN DEFERRED", [], operation: operation)
+        defer { connection.rollback() }
+        func each<T>(_ sql: String, _ map: (Row) throws -> T, _ part: ([T]) -> SnapshotPart) async throws {
+            let cursor = try connection.cursor(sql, [], operation: operation)
+            while case let rows = try cursor.next(SnapshotPart.rowsPerPart, map), !rows.isEmpty {
+                try await body(part(rows))
+            }
         }
+        try await each(
+            "SELECT \(RunRecord.columns) FROM runs ORDER BY id", RunRecord.init(row:), SnapshotPart.runs)
+        try await each(
+            "SELECT \(HistoryEntry.columns) FROM history ORDER BY run_id, seq", HistoryEntry.init(row:),
+            SnapshotPart.history)
+        try await each(
+            "SELECT subject, feature, used_at FROM first_use ORDER BY subject, feature",
+            { (subject: $0.text(0), flag: FirstUseFlag(feature: $0.text(1), usedAt: Clock.date($0.int64(2)))) },
+            SnapshotPart.firstUse)
+        try await each(
+            "SELECT subject, user_id, token, created_at, expires_at FROM sessions ORDER BY subject",
+            {
+                StoredSession(
+                    subject: $0.text(0), userID: $0.text(1), token: $0.text(2),
+                    createdAt: Clock.date($0.int64(3)), expiresAt: $0.optionalInt64(4).map(Clock.date))
+            }, SnapshotPart.sessions)
+        try await each(
+            "SELECT subject, key, value, updated_at FROM facts ORDER BY subject, key",
+            {
+                (
+                    subject: $0.text(0),
+                    fact: Fact(key: $0.text(1), value: $0.text(2), updatedAt: Clock.date($0.int64(3)))
+                )
+            }, SnapshotPart.facts)
     }
 
-    package func restore(_ snapshot: HopSnapshot) async throws {
+    /// Writes the parts `parts` hands out in one write transaction, begun before the first and
+    /// committed once `parts` returns (rolled back when anything throws).
+    package func restore(
+        _ parts: @escaping @Sendable (_ write: @escaping SnapshotPartTaker) async throws -> Void
+    ) async throws {
         let operation = "copy into \(path)"
-        let location = path
-        try await transaction(operation) { tx in
+        try makeDurable()
+        try connection.run("BEGIN IMMEDIATE", [], operation: operation)
+        do {
             let held =
-                try tx.query(
+                try connection.queryOne(
                     """
                     SELECT (SELECT count(*) FROM runs), (SELECT count(*) FROM first_use),
                            (SELECT count(*) FROM sessions), (SELECT count(*) FROM facts)
                     """, [], operation: operation
-                ) { [$0.int64(0), $0.int64(1), $0.int64(2), $0.int64(3)] }.first ?? []
-            try StorageRules(location: location).checkEmptyTarget(counts: held, operation: operation)
-            for run in snapshot.runs {
-                try tx.run(
+                ) { [$0.int64(0), $0.int64(1), $0.int64(2), $0.int64(3)] } ?? []
+            try StorageRules(location: path).checkEmptyTarget(counts: held, operation: operation)
+            let copy = OpenCopy()
+            try await parts { part in try await self.insert(part, operation: operation, while: copy) }
+            copy.end()
+            try connection.commit(operation)
+        } catch {
+            connection.rollback()
+            throw error
+        }
+    }
+
+    /// Inserts the rows of `part` in the open transaction of `copy`, while it is open.
+    private func insert(_ part: SnapshotPart, operation: String, while copy: OpenCopy) throws {
+        guard copy.isOpen, connection.isInTransaction else {
+            throw HopError(
+                .refused, operation: operation, path: path, reason: "the copy's transaction is over",
+                hint: "Write every part before the function given to restore returns")
+        }
+        switch part {
+        case .runs(let runs):
+            for run in runs {
+                try connection.run(
                     """
                     INSERT INTO runs (id, flow, subject, flow_version, status, current_step, current_token, wake_on,
                                       created_at, updated_at, wake_at)
@@ -64,22 +96,25 @@ extension HopStore: HopAdministration {
                         .integer(Clock.milliseconds(run.updatedAt)), .optional(run.wakeAt.map(Clock.milliseconds)),
                     ], operation: operation)
             }
-            for entry in snapshot.history {
-                try tx.run(
+        case .history(let entries):
+            for entry in entries {
+                try connection.run(
                     "INSERT INTO history (run_id, seq, kind, step, token, value, at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
                     [
                         .integer(entry.runID), .integer(entry.seq), .text(entry.kind.rawValue), .optional(entry.step),
                         .optional(entry.token), .optional(entry.value), .integer(Clock.milliseconds(entry.at)),
                     ], operation: operation)
             }
-            for (subject, flag) in snapshot.firstUse {
-                try tx.run(
+        case .firstUse(let flags):
+            for (subject, flag) in flags {
+                try connection.run(
                     "INSERT INTO first_use (subject, feature, used_at) VALUES (?1, ?2, ?3)",
                     [.text(subject), .text(flag.feature), .integer(Clock.milliseconds(flag.usedAt))],
                     operation: operation)
             }
-            for session in snapshot.sessions {
-                try tx.run(
+        case .sessions(let sessions):
+            for session in sessions {
+                try connection.run(
                     "INSERT INTO sessions (subject, user_id, token, created_at, expires_at) VALUES (?1, ?2, ?3, ?4, ?5)",
                     [
                         .text(session.subject), .text(session.userID), .text(session.token),
@@ -87,8 +122,9 @@ extension HopStore: HopAdministration {
                         .optional(session.expiresAt.map(Clock.milliseconds)),
                     ], operation: operation)
             }
-            for (subject, fact) in snapshot.facts {
-                try tx.run(
+        case .facts(let facts):
+            for (subject, fact) in facts {
+                try connection.run(
                     "INSERT INTO facts (subject, key, value, updated_at) VALUES (?1, ?2, ?3, ?4)",
                     [.text(subject), .text(fact.key), .text(fact.value), .integer(Clock.milliseconds(fact.updatedAt))],
                     operation: operation)

@@ -1,3 +1,5 @@
+import Synchronization
+
 #if canImport(FoundationEssentials)
 import FoundationEssentials
 #else
@@ -46,16 +48,67 @@ package protocol HopAdministration: HopStorage {
     func resetAllFirstUse(subject: String) async throws -> Int
 
     /// Everything the database holds — runs, histories, first-use flags, sessions and facts —
-    /// read as one consistent snapshot while daemons go on writing.
-    func snapshot() async throws -> HopSnapshot
-    /// Writes `snapshot` into this database in one transaction: all of it or, when it throws,
-    /// nothing. Refused (`.refused`) unless the database holds no run, flag, session or fact.
-    /// Runs keep their ids; no run is held by an engine afterwards (the engines of the source
-    /// are not this database's), so an engine registered for a running run's flow takes it.
-    func restore(_ snapshot: HopSnapshot) async throws
+    /// read as one consistent snapshot while daemons go on writing, and handed to `body` a part
+    /// at a time, in ``SnapshotPart``'s order: only a part is held at once, however large the
+    /// database. The read stays open until `body` has taken the last part; this store's
+    /// connection is the read's meanwhile (give the read a store of its own, as `hopctl copy`
+    /// does). An error of `body` ends the read and is thrown as it is.
+    func snapshot(_ body: @escaping SnapshotPartTaker) async throws
+    /// Writes what `parts` hands to its `write` function, part by part in ``SnapshotPart``'s
+    /// order, into this database in one transaction: all of it or, when either throws, nothing.
+    /// Refused (`.refused`) unless the database holds no run, flag, session or fact. Runs keep
+    /// their ids; no run is held by an engine afterwards (the engines of the source are not this
+    /// database's), so an engine registered for a running run's flow takes it. The transaction
+    /// stays open until `parts` returns; this store's connection is the copy's meanwhile. A
+    /// server's transaction may be run again from the start (after a deadlock, or a connection
+    /// lost before its commit): `parts` is then called again and must hand out everything again.
+    func restore(
+        _ parts: @escaping @Sendable (_ write: @escaping SnapshotPartTaker) async throws -> Void
+    ) async throws
 }
 
-/// The whole content of a Hop database, as moved by `hopctl copy`.
+/// What takes the parts of a snapshot: the `body` of ``HopAdministration/snapshot(_:)``, and
+/// the `write` function a restore hands to its `parts`.
+package typealias SnapshotPartTaker = @Sendable (SnapshotPart) async throws -> Void
+
+/// A few thousand rows of one table of a Hop database, as ``HopAdministration/snapshot(_:)``
+/// hands them out and ``HopAdministration/restore(_:)`` takes them: the runs first (by id), then
+/// the history (by run and seq), the first-use flags, the sessions and the facts.
+package enum SnapshotPart: Sendable {
+    case runs([RunRecord])
+    case history([HistoryEntry])
+    case firstUse([(subject: String, flag: FirstUseFlag)])
+    case sessions([StoredSession])
+    case facts([(subject: String, fact: Fact)])
+
+    /// The most rows a part holds.
+    package static let rowsPerPart = 5000
+
+    /// How many rows it holds.
+    package var count: Int {
+        switch self {
+        case .runs(let rows): rows.count
+        case .history(let rows): rows.count
+        case .firstUse(let rows): rows.count
+        case .sessions(let rows): rows.count
+        case .facts(let rows): rows.count
+        }
+    }
+}
+
+/// Whether a restore's transaction is still open: a part handed in after it ended is refused.
+package final class OpenCopy: Sendable {
+    private let open = Atomic(true)
+
+    package init() {}
+
+    package var isOpen: Bool { open.load(ordering: .acquiring) }
+
+    package func end() { open.store(false, ordering: .releasing) }
+}
+
+/// The whole content of a Hop database, held at once: what tests and benchmarks write with
+/// `HopAdministration.restore(_:)`.
 package struct HopSnapshot: Sendable {
     /// Every run, by id.
     package var runs: [RunRecord]
@@ -83,9 +136,29 @@ package struct HopSnapshot: Sendable {
     package var isEmpty: Bool {
         runs.isEmpty && history.isEmpty && firstUse.isEmpty && sessions.isEmpty && facts.isEmpty
     }
+
+    /// Hands its rows to `write` as parts, in ``SnapshotPart``'s order.
+    func write(to write: (SnapshotPart) async throws -> Void) async throws {
+        func each<Row>(_ rows: [Row], _ part: ([Row]) -> SnapshotPart) async throws {
+            for start in stride(from: 0, to: rows.count, by: SnapshotPart.rowsPerPart) {
+                try await write(part(Array(rows[start..<min(start + SnapshotPart.rowsPerPart, rows.count)])))
+            }
+        }
+        try await each(runs, SnapshotPart.runs)
+        try await each(history, SnapshotPart.history)
+        try await each(firstUse, SnapshotPart.firstUse)
+        try await each(sessions, SnapshotPart.sessions)
+        try await each(facts, SnapshotPart.facts)
+    }
 }
 
 extension HopAdministration {
+    /// Writes `snapshot` into this database in one transaction, as a restore of parts does:
+    /// all of it or nothing, and only into a database that holds no data.
+    package func restore(_ snapshot: HopSnapshot) async throws {
+        try await restore { write in try await snapshot.write(to: write) }
+    }
+
     /// Every run of `flow`, for every subject, oldest first.
     package func allRuns(flow: String) async throws -> [RunRecord] {
         try await allRuns(flow: flow, after: .min, limit: .max)

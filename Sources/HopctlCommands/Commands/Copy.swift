@@ -1,5 +1,6 @@
 import ArgumentParser
 import HopStore
+import Synchronization
 
 #if canImport(FoundationEssentials)
 import FoundationEssentials
@@ -13,7 +14,8 @@ struct Copy: AsyncParsableCommand {
         abstract: "Copy a whole deployment into a new, empty database: from a SQLite file to PostgreSQL, or back.",
         discussion: """
             Copies every run with its history, the first-use flags, the stored sessions and the facts, \
-            as one snapshot of --from, in one transaction into --to: all of it or nothing. --to must \
+            as one snapshot of --from, in one transaction into --to: all of it or nothing, a few \
+            thousand rows held at a time whatever the size of the deployment. --to must \
             hold no data: a file is created (or an empty one used); a server's database must exist, \
             and Hop's schema is created in it. Runs keep their ids and histories; no run is held by an \
             engine in the copy, so a daemon started on --to takes the running ones over and parked \
@@ -38,20 +40,29 @@ struct Copy: AsyncParsableCommand {
         let source = try await OpenDatabases.open(from, migrate: false) {
             try await HopStore.open(path: from, options: HopStore.Options(createIfMissing: false, migrate: false))
         }
-        let snapshot = try await source.snapshot()
         let created = !OpenDatabases.isServerURL(to) && !FileManager.default.fileExists(atPath: to)
         do {
             let target = try await OpenDatabases.open(to, migrate: true) {
                 try await HopStore.open(path: to, options: HopStore.Options(createIfMissing: true, migrate: true))
             }
-            try await target.restore(snapshot)
-            let held = snapshot.runs.filter { $0.leaseIsLive(at: source.now()) }.count
-            if held > 0 {
+            // The snapshot goes part by part from --from's read into --to's transaction: a few
+            // thousand rows held at a time, whatever the size of the deployment.
+            let counted = Counted()
+            let now = source.now()
+            try await target.restore { write in
+                counted.reset()  // the target's transaction may start again, and the read with it
+                try await source.snapshot { part in
+                    counted.add(part, now: now)
+                    try await write(part)
+                }
+            }
+            let counts = counted.counts
+            if counts.held > 0 {
                 Output.note(
-                    "warning: \(held) run\(held == 1 ? " was" : "s were") held by a running engine when the snapshot was taken; what it does next is not in the copy (stop the daemons on --from before moving)"
+                    "warning: \(counts.held) run\(counts.held == 1 ? " was" : "s were") held by a running engine when the snapshot was taken; what it does next is not in the copy (stop the daemons on --from before moving)"
                 )
             }
-            let report = CopyJSON(from: source.location, to: target.location, snapshot: snapshot)
+            let report = CopyJSON(from: source.location, to: target.location, counts: counts)
             if output.json { return try Output.json(report) }
             Output.line(
                 "copied \(report.runs) run\(report.runs == 1 ? "" : "s") (\(report.historyEntries) history entries), \(report.firstUseFlags) first-use flag\(report.firstUseFlags == 1 ? "" : "s"), \(report.sessions) session\(report.sessions == 1 ? "" : "s") and \(report.facts) fact\(report.facts == 1 ? "" : "s") from \(Output.printable(report.from)) to \(Output.printable(report.to))"
@@ -82,13 +93,48 @@ struct CopyJSON: Encodable {
         case firstUseFlags = "first_use_flags"
     }
 
-    init(from: String, to: String, snapshot: HopSnapshot) {
+    init(from: String, to: String, counts: Counted.Counts) {
         self.from = from
         self.to = to
-        runs = snapshot.runs.count
-        historyEntries = snapshot.history.count
-        firstUseFlags = snapshot.firstUse.count
-        sessions = snapshot.sessions.count
-        facts = snapshot.facts.count
+        runs = counts.runs
+        historyEntries = counts.historyEntries
+        firstUseFlags = counts.firstUseFlags
+        sessions = counts.sessions
+        facts = counts.facts
+    }
+}
+
+/// What a copy moved, counted part by part as the parts go by.
+final class Counted: Sendable {
+    struct Counts {
+        var runs = 0
+        var historyEntries = 0
+        var firstUseFlags = 0
+        var sessions = 0
+        var facts = 0
+        /// The runs whose lease was live in the snapshot: held by an engine of the source.
+        var held = 0
+    }
+
+    private let state = Mutex(Counts())
+
+    var counts: Counts { state.withLock { $0 } }
+
+    /// Starts counting again from nothing.
+    func reset() { state.withLock { $0 = Counts() } }
+
+    /// Counts the rows of `part`, and its runs' leases live at `now`.
+    func add(_ part: SnapshotPart, now: Date) {
+        state.withLock { counts in
+            switch part {
+            case .runs(let runs):
+                counts.runs += runs.count
+                counts.held += runs.count { $0.leaseIsLive(at: now) }
+            case .history(let entries): counts.historyEntries += entries.count
+            case .firstUse(let flags): counts.firstUseFlags += flags.count
+            case .sessions(let sessions): counts.sessions += sessions.count
+            case .facts(let facts): counts.facts += facts.count
+            }
+        }
     }
 }
