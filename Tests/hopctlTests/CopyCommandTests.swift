@@ -124,6 +124,75 @@ import Testing
         #expect(entries.count == 2 * laps + 1 && entries.map(\.seq) == Array(1...Int64(2 * laps + 1)))
     }
 
+    /// A copy killed (SIGKILL) while it writes leaves its target as empty as it found it, to a
+    /// file and to a server, and the same copy run again moves everything. The copy is frozen
+    /// (SIGSTOP) once it writes, and killed only when nothing of it is visible: its transaction
+    /// is still open. A copy that committed before it froze is let go and the test starts over.
+    @Test(arguments: TestBackend.all)
+    func aCopyKilledWhileItWritesLeavesTheTargetEmptyAndRunsAgain(backend: TestBackend) async throws {
+        let folder = try TemporaryDirectory()
+        let laps = 50_000
+        try await LongHistoryTests.loopRun(laps: laps, in: try await HopStore.open(path: folder.database))
+        let targetFolder = try TemporaryDirectory()
+        let target = try await backend.location(targetFolder)
+        let server = backend.name == "postgres"
+        // Whether the copy has begun writing: pages of its transaction in the file's log, or its
+        // transaction on the server inserting history.
+        func writing() async throws -> Bool {
+            if server {
+                let open = try await TestDatabases.shared.psql(
+                    """
+                    SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+                        AND backend_xid IS NOT NULL AND query LIKE 'INSERT INTO history%'
+                    """, in: targetFolder)
+                return open.trimmingCharacters(in: .whitespacesAndNewlines) != "0"
+            }
+            let log = try? FileManager.default.attributesOfItem(atPath: target + "-wal")[.size] as? Int
+            return (log ?? 0) > 2 << 20
+        }
+        func shownRuns() async throws -> String {
+            let status = try await hopctl(["status", "--json"], in: folder, db: target)
+            #expect(status.status == 0, "\(status.stderr)")
+            return status.stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+        }
+        var killed = false
+        for _ in 1...3 where !killed {
+            let copy = try ChildProcess(
+                "hopctl", ["copy", "--from", folder.database, "--to", target], directory: folder)
+            try await copy.killedIfFails {
+                // A debug build beside the whole suite on 2 cores: far slower than alone (2 s).
+                try await waitUntil("the copy writes", timeout: .seconds(300)) {
+                    try await writing() || copy.exitStatus != nil
+                }
+            }
+            copy.kill(SIGSTOP)
+            if copy.exitStatus == nil, try await shownRuns() == "[]" {
+                copy.kill(SIGKILL)
+                try await copy.waitForExit()
+                #expect(copy.wasSignalled, "the copy ended before it was killed: \(copy.stderr)")
+                killed = true
+            } else {
+                // It committed before it froze: too fast to catch. Start over on an empty target.
+                copy.kill(SIGCONT)
+                #expect(try await copy.waitForExit(timeout: .seconds(300)) == 0, "\(copy.stderr)")
+                if server {
+                    try await TestDatabases.shared.psql(
+                        "TRUNCATE runs, history, first_use, sessions, facts", in: targetFolder)
+                } else {
+                    for suffix in ["", "-wal", "-shm"] { try? FileManager.default.removeItem(atPath: target + suffix) }
+                }
+            }
+        }
+        try #require(killed, "each copy's runs were visible when it froze: committed, or not in one transaction")
+        #expect(try await shownRuns() == "[]", "the killed copy left runs in the target")
+        let again = try await run(
+            "hopctl", ["copy", "--from", folder.database, "--to", target], in: folder, timeout: .seconds(300))
+        #expect(
+            again.status == 0 && again.stdout.contains("(\(2 * laps + 1) history entries)"),
+            "\(again.stdout)\(again.stderr)")
+        #expect(try await backend.open(targetFolder).history(runID: 1).count == 2 * laps + 1)
+    }
+
     /// A server's database takes every command but the two that only a file has, which say what to use instead.
     @Test(.enabled(if: TestBackend.all.contains { $0.name == "postgres" }))
     func aServersDatabaseRefusesTheFileOnlyCommandsSayingWhatToUse() async throws {
