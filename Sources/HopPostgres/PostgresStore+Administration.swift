@@ -264,17 +264,18 @@ extension PostgresStore: HopAdministration {
                     """, []
                 ) { [try $0.int64(0), try $0.int64(1), try $0.int64(2), try $0.int64(3)] } ?? []
             try StorageRules(location: self.location).checkEmptyTarget(counts: held, operation: operation)
+            // Ended however this attempt ends: a part handed in later is refused.
             let copy = OpenCopy()
+            defer { copy.end() }
             try await parts { part in
                 guard copy.isOpen else {
                     throw HopError(
                         .refused, operation: operation, path: self.location, reason: "the copy's transaction is over",
                         hint: "Write every part before the function given to restore returns")
                 }
-                let (statement, rows) = try SnapshotRows.statement(for: part)
-                try await tx.run(statement, [.text(rows)])
+                let insert = try SnapshotRows.statement(for: part)
+                try await tx.run(insert.sql, [.text(insert.rows)])
             }
-            copy.end()
             try await tx.run("SELECT setval(pg_get_serial_sequence('runs', 'id'), (SELECT max(id) FROM runs))")
             try await tx.notifyChange()
         }
@@ -290,7 +291,7 @@ private struct TakerError: Error {
 /// that inserts them.
 private enum SnapshotRows {
     /// The statement that inserts a part of this kind, and the part's rows as its parameter.
-    static func statement(for part: SnapshotPart) throws -> (String, String) {
+    static func statement(for part: SnapshotPart) throws -> (sql: String, rows: String) {
         switch part {
         case .runs(let runs):
             (

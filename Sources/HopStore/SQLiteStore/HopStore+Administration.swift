@@ -64,8 +64,8 @@ extension HopStore: HopAdministration {
                 ) { [$0.int64(0), $0.int64(1), $0.int64(2), $0.int64(3)] } ?? []
             try StorageRules(location: path).checkEmptyTarget(counts: held, operation: operation)
             let copy = OpenCopy()
+            defer { copy.end() }
             try await parts { part in try await self.insert(part, operation: operation, while: copy) }
-            copy.end()
             try connection.commit(operation)
         } catch {
             connection.rollback()
