@@ -193,6 +193,51 @@ import Testing
         #expect(try await backend.open(targetFolder).history(runID: 1).count == 2 * laps + 1)
     }
 
+    /// A copy to a server whose connection the server ends while it writes (an operator's
+    /// `pg_terminate_backend`, a restart) starts its transaction again, reading its source again
+    /// from the start, and moves everything once: the count it prints is the second attempt's,
+    /// not the sum of both.
+    @Test(.enabled(if: TestBackend.all.contains { $0.name == "postgres" }))
+    func aCopyWhoseServerConnectionEndsMidwayStartsAgainAndMovesEverythingOnce() async throws {
+        let folder = try TemporaryDirectory()
+        let laps = 50_000
+        try await LongHistoryTests.loopRun(laps: laps, in: try await HopStore.open(path: folder.database))
+        let targetFolder = try TemporaryDirectory()
+        let target = try await TestBackend.postgres.location(targetFolder)
+        var ended = false
+        for _ in 1...3 where !ended {
+            let copy = try ChildProcess(
+                "hopctl", ["copy", "--from", folder.database, "--to", target], directory: folder)
+            try await copy.killedIfFails {
+                // Ends the copy's session as soon as its transaction inserts history (uncommitted).
+                try await waitUntil("the copy writes", timeout: .seconds(300)) {
+                    let terminated = try await TestDatabases.shared.psql(
+                        """
+                        SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database()
+                            AND backend_xid IS NOT NULL AND query LIKE 'INSERT INTO history%'
+                        """, in: targetFolder)
+                    ended = terminated.contains("t")
+                    return ended || copy.exitStatus != nil
+                }
+            }
+            #expect(try await copy.waitForExit(timeout: .seconds(300)) == 0, "\(copy.stderr)")
+            if ended {
+                #expect(
+                    copy.stdout.contains("copied 1 run (\(2 * laps + 1) history entries)"), "\(copy.stdout)")
+            } else {
+                // It committed before it was caught writing: start over on an empty target.
+                try await TestDatabases.shared.psql(
+                    "TRUNCATE runs, history, first_use, sessions, facts", in: targetFolder)
+            }
+        }
+        try #require(ended, "no copy was caught writing")
+        let counted = try await TestDatabases.shared.psql(
+            "SELECT count(*), count(DISTINCT seq), min(seq), max(seq) FROM history", in: targetFolder)
+        #expect(
+            counted.trimmingCharacters(in: .whitespacesAndNewlines)
+                == "\(2 * laps + 1)|\(2 * laps + 1)|1|\(2 * laps + 1)")
+    }
+
     /// A server's database takes every command but the two that only a file has, which say what to use instead.
     @Test(.enabled(if: TestBackend.all.contains { $0.name == "postgres" }))
     func aServersDatabaseRefusesTheFileOnlyCommandsSayingWhatToUse() async throws {

@@ -7,43 +7,54 @@ import Foundation
 extension HopStore: HopAdministration {
     /// Everything in the file, read in one read transaction (a snapshot that never blocks a
     /// daemon's writes), a part at a time: each table through a cursor stepped a part's rows at a
-    /// time, the transaction held open while `body` takes each part.
+    /// time, the transaction held open while `body` takes each part. The read has a connection of
+    /// its own, so this store reads and writes on meanwhile, and a second snapshot may begin while
+    /// a first is still open (a server's restore that starts again after its connection was lost
+    /// leaves the first attempt's read waiting on the lost statement).
     package func snapshot(_ body: @escaping SnapshotPartTaker) async throws {
         let operation = "read the whole database"
-        // A read of its own, not one inside this store's open write transaction (coalesced writes).
-        try makeDurable()
-        try connection.run("BEGIN DEFERRED", [], operation: operation)
-        defer { connection.rollback() }
-        func each<T>(_ sql: String, _ map: (Row) throws -> T, _ part: ([T]) -> SnapshotPart) async throws {
-            let cursor = try connection.cursor(sql, [], operation: operation)
-            while case let rows = try cursor.next(SnapshotPart.rowsPerPart, map), !rows.isEmpty {
-                try await body(part(rows))
-            }
-        }
-        try await each(
-            "SELECT \(RunRecord.columns) FROM runs ORDER BY id", RunRecord.init(row:), SnapshotPart.runs)
-        try await each(
+        let reader = try Connection(
+            path: path, create: false, durability: options.durability, busyTimeout: options.busyTimeout,
+            vfs: options.vfs)
+        defer { reader.close() }
+        try reader.run("BEGIN DEFERRED", [], operation: operation)
+        defer { reader.rollback() }
+        try await hand(
+            "SELECT \(RunRecord.columns) FROM runs ORDER BY id", RunRecord.init(row:), SnapshotPart.runs, from: reader,
+            to: body, operation: operation)
+        try await hand(
             "SELECT \(HistoryEntry.columns) FROM history ORDER BY run_id, seq", HistoryEntry.init(row:),
-            SnapshotPart.history)
-        try await each(
+            SnapshotPart.history, from: reader, to: body, operation: operation)
+        try await hand(
             "SELECT subject, feature, used_at FROM first_use ORDER BY subject, feature",
             { (subject: $0.text(0), flag: FirstUseFlag(feature: $0.text(1), usedAt: Clock.date($0.int64(2)))) },
-            SnapshotPart.firstUse)
-        try await each(
+            SnapshotPart.firstUse, from: reader, to: body, operation: operation)
+        try await hand(
             "SELECT subject, user_id, token, created_at, expires_at FROM sessions ORDER BY subject",
             {
                 StoredSession(
                     subject: $0.text(0), userID: $0.text(1), token: $0.text(2),
                     createdAt: Clock.date($0.int64(3)), expiresAt: $0.optionalInt64(4).map(Clock.date))
-            }, SnapshotPart.sessions)
-        try await each(
+            }, SnapshotPart.sessions, from: reader, to: body, operation: operation)
+        try await hand(
             "SELECT subject, key, value, updated_at FROM facts ORDER BY subject, key",
             {
                 (
                     subject: $0.text(0),
                     fact: Fact(key: $0.text(1), value: $0.text(2), updatedAt: Clock.date($0.int64(3)))
                 )
-            }, SnapshotPart.facts)
+            }, SnapshotPart.facts, from: reader, to: body, operation: operation)
+    }
+
+    /// Hands the rows of `sql`, read through `reader`, to `body` a part at a time.
+    private func hand<T>(
+        _ sql: String, _ map: (Row) throws -> T, _ part: ([T]) -> SnapshotPart, from reader: Connection,
+        to body: SnapshotPartTaker, operation: String
+    ) async throws {
+        let cursor = try reader.cursor(sql, [], operation: operation)
+        while case let rows = try cursor.next(SnapshotPart.rowsPerPart, map), !rows.isEmpty {
+            try await body(part(rows))
+        }
     }
 
     /// Writes the parts `parts` hands out in one write transaction, begun before the first and

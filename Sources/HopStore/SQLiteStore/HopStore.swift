@@ -85,14 +85,17 @@ public actor HopStore {
     nonisolated let heartbeats: Heartbeats
     /// The schema version of the database once opened.
     public nonisolated let schemaVersion: Int
+    /// The options the store was opened with: a connection of its own (a snapshot's) opens the same way.
+    nonisolated let options: Options
 
     private init(
         executor: StoreExecutor, connection: Connection, heartbeats: Heartbeats, schemaVersion: Int,
-        commitDelay: Duration, logger: Logger
+        options: Options, logger: Logger
     ) {
         self.executor = executor
+        self.options = options
         self.heartbeats = heartbeats
-        self.commitDelay = commitDelay
+        self.commitDelay = options.commitDelay
         self.connection = connection
         self.path = connection.path
         self.schemaVersion = schemaVersion
@@ -141,7 +144,7 @@ public actor HopStore {
                 logger.debug("opened Hop database", metadata: ["hop.schema": "\(version)"])
                 return HopStore(
                     executor: executor, connection: connection, heartbeats: heartbeats, schemaVersion: version,
-                    commitDelay: options.commitDelay, logger: logger)
+                    options: options, logger: logger)
             }
         } catch {
             executor.stop()

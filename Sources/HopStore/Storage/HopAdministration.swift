@@ -50,9 +50,8 @@ package protocol HopAdministration: HopStorage {
     /// Everything the database holds — runs, histories, first-use flags, sessions and facts —
     /// read as one consistent snapshot while daemons go on writing, and handed to `body` a part
     /// at a time, in ``SnapshotPart``'s order: only a part is held at once, however large the
-    /// database. The read stays open until `body` has taken the last part; this store's
-    /// connection is the read's meanwhile (give the read a store of its own, as `hopctl copy`
-    /// does). An error of `body` ends the read and is thrown as it is.
+    /// database. The read stays open, on a connection of its own, until `body` has taken the
+    /// last part. An error of `body` ends the read and is thrown as it is.
     func snapshot(_ body: @escaping SnapshotPartTaker) async throws
     /// Writes what `parts` hands to its `write` function, part by part in ``SnapshotPart``'s
     /// order, into this database in one transaction: all of it or, when either throws, nothing.

@@ -47,16 +47,19 @@ struct Copy: AsyncParsableCommand {
             }
             // The snapshot goes part by part from --from's read into --to's transaction: a few
             // thousand rows held at a time, whatever the size of the deployment.
-            let counted = Counted()
+            // The target's transaction may start again, and the read with it (a server's connection
+            // lost): what is reported is what the attempt that read everything counted.
+            let moved = Counted()
             let now = source.now()
             try await target.restore { write in
-                counted.reset()  // the target's transaction may start again, and the read with it
+                let counted = Counted()
                 try await source.snapshot { part in
                     counted.add(part, now: now)
                     try await write(part)
                 }
+                moved.set(counted.counts)
             }
-            let counts = counted.counts
+            let counts = moved.counts
             if counts.held > 0 {
                 Output.note(
                     "warning: \(counts.held) run\(counts.held == 1 ? " was" : "s were") held by a running engine when the snapshot was taken; what it does next is not in the copy (stop the daemons on --from before moving)"
@@ -120,8 +123,8 @@ final class Counted: Sendable {
 
     var counts: Counts { state.withLock { $0 } }
 
-    /// Starts counting again from nothing.
-    func reset() { state.withLock { $0 = Counts() } }
+    /// Takes `counts` as its own.
+    func set(_ counts: Counts) { state.withLock { $0 = counts } }
 
     /// Counts the rows of `part`, and its runs' leases live at `now`.
     func add(_ part: SnapshotPart, now: Date) {
