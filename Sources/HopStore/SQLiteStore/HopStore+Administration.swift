@@ -13,6 +13,8 @@ extension HopStore: HopAdministration {
     /// leaves the first attempt's read waiting on the lost statement).
     package func snapshot(_ body: @escaping SnapshotPartTaker) async throws {
         let operation = "read the whole database"
+        // This store's own coalesced writes, committed first, are in the snapshot.
+        try makeDurable()
         let reader = try Connection(
             path: path, create: false, durability: options.durability, busyTimeout: options.busyTimeout,
             vfs: options.vfs)
