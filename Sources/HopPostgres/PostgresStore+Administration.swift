@@ -237,8 +237,6 @@ extension PostgresStore: HopAdministration {
                     throw error
                 }
             }
-        } catch let error as TakerError {
-            throw error.error
         } catch {
             if let taker = Self.cause(of: error) as? TakerError { throw taker.error }
             throw map(error, operation: operation)

@@ -131,11 +131,6 @@ package struct HopSnapshot: Sendable {
         self.facts = facts
     }
 
-    /// Whether the snapshot holds nothing at all.
-    package var isEmpty: Bool {
-        runs.isEmpty && history.isEmpty && firstUse.isEmpty && sessions.isEmpty && facts.isEmpty
-    }
-
     /// Hands its rows to `write` as parts, in ``SnapshotPart``'s order.
     func write(to write: (SnapshotPart) async throws -> Void) async throws {
         func each<Row>(_ rows: [Row], _ part: ([Row]) -> SnapshotPart) async throws {
